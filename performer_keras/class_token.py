@@ -1,0 +1,24 @@
+"""Learned CLS token prepended to the patch sequence."""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="performer_keras")
+class ClassToken(keras.layers.Layer):
+    """Prepend one learned token (Dosovitskiy et al., arXiv:2010.11929).
+
+    Call arguments: inputs (batch, P, width). Returns (batch, 1 + P, width).
+    """
+
+    def build(self, inputs_shape):
+        self.token = self.add_weight(name="token", shape=(1, 1, int(inputs_shape[-1])), initializer="zeros")
+
+    def call(self, inputs):
+        token = ops.cast(self.token, inputs.dtype)
+        token = ops.broadcast_to(token, (ops.shape(inputs)[0], 1, ops.shape(inputs)[-1]))
+        return ops.concatenate([token, inputs], axis=1)
+
+    def compute_output_shape(self, inputs_shape):
+        tokens = None if inputs_shape[1] is None else inputs_shape[1] + 1
+        return (inputs_shape[0], tokens, inputs_shape[2])

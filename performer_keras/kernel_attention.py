@@ -1,0 +1,309 @@
+"""Multi-head attention with a pluggable kernel and position encoding."""
+
+import keras
+from keras import ops
+
+from performer_keras.circulant_string import CirculantString
+from performer_keras.exp_features import ExpFeatures
+from performer_keras.favor_features import FavorFeatures
+from performer_keras.grid import grid_positions
+from performer_keras.options import KERNELS, POSITIONS, ROTATION_ORDERS, check_choice, check_positive
+from performer_keras.relu_features import ReluFeatures
+from performer_keras.rotary_embedding_2d import RotaryEmbedding2D
+from performer_keras.toeplitz_bias_2d import ToeplitzBias2D
+
+LINEAR_KERNELS = ("favor", "relu", "exp")
+ROTATIONS = ("rope", "string")
+# favor/exp estimate exp(q^T k): rotating q and k first keeps the estimate exactly
+# relative. ReLU features are not a kernel of q^T k, so RoFormer (sec. 3.4.2)
+# rotates the features instead and keeps the normaliser unrotated.
+DEFAULT_ROTATION_ORDER = {"softmax": "before", "linformer": "before", "favor": "before", "exp": "before", "relu": "after"}
+
+
+def split_heads(x, num_heads):
+    """(batch, tokens, width) -> (batch, heads, tokens, head_dim)."""
+    batch, tokens, width = ops.shape(x)
+    x = ops.reshape(x, (-1, tokens, num_heads, width // num_heads))
+    return ops.transpose(x, (0, 2, 1, 3))
+
+
+def merge_heads(x):
+    """(batch, heads, tokens, head_dim) -> (batch, tokens, width)."""
+    batch, heads, tokens, head_dim = ops.shape(x)
+    return ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (-1, tokens, heads * head_dim))
+
+
+@keras.saving.register_keras_serializable(package="performer_keras")
+class KernelAttention(keras.layers.Layer):
+    """Multi-head self-attention: one layer, any kernel x position.
+
+    Tokens are `num_prefix_tokens` prefix tokens (CLS) followed by an H x W
+    grid of patches in row-major order. With q, k, v of shape
+    (batch, heads, N, d):
+
+    kernel:
+        softmax    A = softmax(q k^T / sqrt(d) + B) v                   O(N^2 d)
+        favor      A = phi(q) (phi(k)^T v) / phi(q) (phi(k)^T 1)         O(N m d)
+                   with FAVOR+ positive random features (`FavorFeatures`)
+        relu       the same with phi = ReLU random features (`ReluFeatures`)
+        exp        the same with deterministic exponential features (`ExpFeatures`)
+        linformer  softmax(q (E k)^T / sqrt(d)) (F v), learned E, F of shape
+                   (linformer_dim, N) (Wang et al., arXiv:2006.04768)    O(N k d)
+    Linear kernels never form an N x N matrix and compute in float32.
+
+    position (the learned absolute embedding lives in the ViT, so `absolute`
+    adds nothing here):
+        rope    2D rotary embedding (`RotaryEmbedding2D`) of q and k, or of
+                phi(q), phi(k) in the numerator only (`rotation_order`)
+        string  Circulant-STRING rotations (`CirculantString`), same orders
+        kerple  2D Toeplitz RPE (`ToeplitzBias2D`, Luo et al. 2021): additive
+                logit bias B for softmax; weights exp(b[p_j - p_i]) phi(q_i)^T
+                phi(k_j) in numerator and normaliser for linear kernels, by
+                FFT in O(N log N m d). q and k are l2-normalised to norm
+                sqrt(d) first by default (`normalize_qk`), the paper's source
+                of stability: logits / sqrt(d) are bounded by sqrt(d).
+    Prefix (CLS) tokens have no grid position: they are not rotated (as if
+    at the origin) and take Toeplitz bias 0 with every token.
+
+    Args:
+        num_heads: number of heads; the input width must divide by it.
+        kernel: one of `KERNELS`.
+        position: one of `POSITIONS`.
+        grid_size: (H, W) of the patch grid; required for rope, string,
+            kerple.
+        num_prefix_tokens: tokens before the grid (1 for CLS).
+        num_features: m for favor and relu.
+        orthogonal: orthogonal (default) or i.i.d. random features.
+        redraw_interval: redraw random features every K training steps
+            (0 = never).
+        deterministic: relu only: phi(x) = ReLU(x), no projection.
+        rotation_order: "before" rotates q, k before the feature map, "after"
+            rotates the features; None takes `DEFAULT_ROTATION_ORDER`.
+        rope_mixed: learned mixed RoPE frequencies (RoPE-Mixed).
+        normalize_qk: l2-normalise q and k; None means True for kerple only.
+        linformer_dim: k, the projected sequence length for linformer.
+        fused: softmax only: `ops.dot_product_attention` (flash attention
+            where the backend has it) instead of the explicit matmuls.
+        seed: seed of the random features.
+
+    Call arguments:
+        inputs: (batch, N, width).
+        training: enables feature redraws.
+        positions: optional (H*W, 2) patch coordinates (default: the grid).
+
+    Returns: (batch, N, width).
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        kernel="softmax",
+        position="absolute",
+        grid_size=None,
+        num_prefix_tokens=1,
+        num_features=64,
+        orthogonal=True,
+        redraw_interval=0,
+        deterministic=False,
+        rotation_order=None,
+        rope_mixed=False,
+        normalize_qk=None,
+        linformer_dim=32,
+        fused=False,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive("num_heads", num_heads)
+        self.kernel = check_choice("kernel", kernel, KERNELS)
+        self.position = check_choice("position", position, POSITIONS)
+        self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.num_features = check_positive("num_features", num_features)
+        self.orthogonal = bool(orthogonal)
+        self.redraw_interval = redraw_interval
+        self.deterministic = bool(deterministic)
+        self.rotation_order = rotation_order
+        self.rope_mixed = bool(rope_mixed)
+        self.normalize_qk = normalize_qk
+        self.linformer_dim = check_positive("linformer_dim", linformer_dim)
+        self.fused = bool(fused)
+        self.seed = seed
+        self._validate()
+
+    def _validate(self):
+        if self.rotation_order is not None:
+            check_choice("rotation_order", self.rotation_order, ROTATION_ORDERS)
+            if self.rotation_order == "after" and self.kernel not in LINEAR_KERNELS:
+                raise ValueError(
+                    f"rotation_order='after' rotates random features, which kernel "
+                    f"{self.kernel!r} does not have; expected one of {(None, 'before')}"
+                )
+        if self.position != "absolute" and self.grid_size is None:
+            raise ValueError(f"position {self.position!r} needs grid_size=(rows, cols) of the patch grid")
+        if self.kernel == "linformer" and self.position == "kerple":
+            raise ValueError(
+                "kernel 'linformer' mixes tokens along the sequence, so token pairs and "
+                "their offsets no longer exist; expected position one of ('absolute', 'rope', 'string')"
+            )
+
+    @property
+    def order(self):
+        return self.rotation_order or DEFAULT_ROTATION_ORDER[self.kernel]
+
+    @property
+    def normalizes(self):
+        return self.position == "kerple" if self.normalize_qk is None else bool(self.normalize_qk)
+
+    def build(self, inputs_shape):
+        width, tokens = int(inputs_shape[-1]), inputs_shape[-2]
+        if width % self.num_heads:
+            raise ValueError(f"width {width} must be divisible by num_heads={self.num_heads}")
+        self.head_dim = width // self.num_heads
+        if self.grid_size is not None and tokens is not None:
+            expected = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+            if tokens != expected:
+                raise ValueError(
+                    f"{tokens} tokens do not match grid_size={self.grid_size} "
+                    f"plus {self.num_prefix_tokens} prefix token(s) ({expected})"
+                )
+        for name in ("query", "key", "value", "output_dense"):
+            dense = keras.layers.Dense(width, name=name, dtype=self.dtype_policy)
+            dense.build(inputs_shape)
+            setattr(self, name, dense)
+        heads_shape = (None, self.num_heads, tokens, self.head_dim)
+        rotated_dim = self.head_dim
+        if self.kernel in LINEAR_KERNELS:
+            self.features = self._make_features()
+            self.features.build(heads_shape, heads_shape)
+            if self.order == "after":
+                rotated_dim = self.features.feature_dim
+        if self.kernel == "linformer":
+            if tokens is None:
+                raise ValueError("kernel 'linformer' needs a fixed number of tokens")
+            for name in ("key_projection", "value_projection"):
+                setattr(self, name, self.add_weight(
+                    name=name, shape=(self.linformer_dim, tokens), initializer="glorot_normal"
+                ))
+        self.patch_positions = None if self.grid_size is None else grid_positions(self.grid_size)
+        if self.position in ROTATIONS:
+            patches = self.grid_size[0] * self.grid_size[1]
+            if self.position == "rope":
+                self.rotation = RotaryEmbedding2D(mixed=self.rope_mixed, name="rope", dtype=self.dtype_policy)
+            else:
+                self.rotation = CirculantString(name="string", dtype=self.dtype_policy)
+            self.rotation.build((None, self.num_heads, patches, rotated_dim), (patches, 2))
+        if self.position == "kerple":
+            self.toeplitz = ToeplitzBias2D(
+                self.grid_size, self.num_heads, self.num_prefix_tokens, name="kerple", dtype=self.dtype_policy
+            )
+            self.toeplitz.build()
+
+    def _make_features(self):
+        common = dict(name="features", dtype=self.dtype_policy)
+        if self.kernel == "exp":
+            return ExpFeatures(**common)
+        random = dict(
+            num_features=self.num_features,
+            orthogonal=self.orthogonal,
+            redraw_interval=self.redraw_interval,
+            seed=self.seed,
+            **common,
+        )
+        if self.kernel == "favor":
+            return FavorFeatures(**random)
+        return ReluFeatures(deterministic=self.deterministic, **random)
+
+    def rotate(self, x, positions):
+        """Rotate the grid tokens of (batch, heads, N, dim); prefix tokens stay."""
+        p = self.num_prefix_tokens
+        return ops.concatenate([x[:, :, :p], self.rotation(x[:, :, p:], positions)], axis=2)
+
+    def call(self, inputs, training=None, positions=None):
+        positions = self.patch_positions if positions is None else positions
+        q, k, v = (split_heads(layer(inputs), self.num_heads) for layer in (self.query, self.key, self.value))
+        if self.normalizes:
+            # Unit RMS per coordinate: |q| = sqrt(d), so |q^T k| / sqrt(d) <= sqrt(d).
+            q, k = (ops.normalize(x, axis=-1) * self.head_dim**0.5 for x in (q, k))
+        if self.position in ROTATIONS and self.order == "before":
+            q, k = self.rotate(q, positions), self.rotate(k, positions)
+        if self.kernel == "softmax":
+            outputs = self._softmax(q, k, v)
+        elif self.kernel == "linformer":
+            outputs = self._linformer(q, k, v)
+        else:
+            outputs = self._linear(q, k, v, positions, training)
+        return self.output_dense(merge_heads(ops.cast(outputs, self.compute_dtype)))
+
+    def _softmax(self, q, k, v):
+        bias = self.toeplitz.bias_matrix() if self.position == "kerple" else None
+        scale = self.head_dim**-0.5
+        if self.fused:
+            transpose = lambda x: ops.transpose(x, (0, 2, 1, 3))  # (batch, N, heads, d)
+            bias = None if bias is None else ops.cast(bias[None], q.dtype)
+            outputs = ops.dot_product_attention(transpose(q), transpose(k), transpose(v), bias=bias, scale=scale)
+            return transpose(outputs)
+        logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * scale  # (batch, heads, N, N)
+        logits = ops.cast(logits, "float32")
+        if bias is not None:
+            logits = logits + bias
+        weights = ops.softmax(logits, axis=-1)
+        return ops.matmul(ops.cast(weights, v.dtype), v)  # (batch, heads, N, d)
+
+    def _linformer(self, q, k, v):
+        key_projection = ops.cast(self.key_projection, k.dtype)
+        value_projection = ops.cast(self.value_projection, v.dtype)
+        k = ops.matmul(key_projection, k)  # (batch, heads, linformer_dim, d)
+        v = ops.matmul(value_projection, v)
+        logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * self.head_dim**-0.5  # (batch, heads, N, k)
+        weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        return ops.matmul(ops.cast(weights, v.dtype), v)
+
+    def _linear(self, q, k, v, positions, training):
+        phi_q, phi_k = self.features(q, k, training=training)  # (batch, heads, N, m) float32
+        v = ops.cast(v, "float32")
+        if self.position == "kerple":
+            return self._linear_toeplitz(phi_q, phi_k, v)
+        num_q, num_k = phi_q, phi_k
+        if self.position in ROTATIONS and self.order == "after":
+            num_q, num_k = self.rotate(phi_q, positions), self.rotate(phi_k, positions)
+        kv = ops.matmul(ops.transpose(num_k, (0, 1, 3, 2)), v)  # (batch, heads, m, d)
+        numerator = ops.matmul(num_q, kv)  # (batch, heads, N, d)
+        k_sum = ops.sum(phi_k, axis=2, keepdims=True)  # (batch, heads, 1, m)
+        normaliser = ops.matmul(phi_q, ops.transpose(k_sum, (0, 1, 3, 2)))  # (batch, heads, N, 1)
+        return numerator / normaliser
+
+    def _linear_toeplitz(self, phi_q, phi_k, v):
+        batch, heads, tokens, m = ops.shape(phi_q)
+        d = ops.shape(v)[-1]
+        # u_j = phi(k_j) (x) [v_j, 1]: numerator and normaliser in one correlation.
+        v_ones = ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)  # (batch, heads, N, d+1)
+        u = phi_k[..., :, None] * v_ones[..., None, :]  # (batch, heads, N, m, d+1)
+        s = self.toeplitz(ops.reshape(u, (-1, heads, tokens, m * (d + 1))))
+        s = ops.reshape(s, (-1, heads, tokens, m, d + 1))
+        out = ops.matmul(phi_q[..., None, :], s)[..., 0, :]  # (batch, heads, N, d+1)
+        return out[..., :d] / out[..., d:]
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            kernel=self.kernel,
+            position=self.position,
+            grid_size=self.grid_size,
+            num_prefix_tokens=self.num_prefix_tokens,
+            num_features=self.num_features,
+            orthogonal=self.orthogonal,
+            redraw_interval=self.redraw_interval,
+            deterministic=self.deterministic,
+            rotation_order=self.rotation_order,
+            rope_mixed=self.rope_mixed,
+            normalize_qk=self.normalize_qk,
+            linformer_dim=self.linformer_dim,
+            fused=self.fused,
+            seed=self.seed,
+        )
+        return config

@@ -1,0 +1,37 @@
+"""Learned absolute position embedding."""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="performer_keras")
+class PositionEmbedding(keras.layers.Layer):
+    """Add a learned vector per token index (the ViT baseline, arXiv:2010.11929).
+
+    Args:
+        initializer_stddev: std of the truncated-normal initialisation (0.02, as ViT).
+
+    Call arguments: inputs (batch, N, width) with N fixed. Returns the same shape.
+    """
+
+    def __init__(self, initializer_stddev=0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.initializer_stddev = initializer_stddev
+
+    def build(self, inputs_shape):
+        self.embedding = self.add_weight(
+            name="embedding",
+            shape=(int(inputs_shape[1]), int(inputs_shape[2])),
+            initializer=keras.initializers.TruncatedNormal(stddev=self.initializer_stddev),
+        )
+
+    def call(self, inputs):
+        return inputs + ops.cast(self.embedding, inputs.dtype)[None]
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config["initializer_stddev"] = self.initializer_stddev
+        return config

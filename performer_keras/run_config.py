@@ -1,0 +1,116 @@
+"""Every setting of a training run, in one readable place (STYLE rule 8)."""
+
+import dataclasses
+import json
+
+from performer_keras.options import check_choice, check_positive
+from performer_keras.registry import SIZES, parse_variant
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+class RunError(ValueError):
+    """A user error: bad argument, unreadable file, an output folder of another run."""
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """A training run. `python train.py` with no argument runs these defaults.
+
+    The model size comes from `size` (a row of `registry.SIZES`); `width`,
+    `depth`, `heads`, `mlp_dim` and `patch_size` override single entries.
+    Kernel options are passed to every attention layer.
+    """
+
+    variant: str = "softmax-absolute"
+    dataset: str = "mnist"
+    epochs: int = 10
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.05
+    warmup_epochs: float = 1.0
+    seed: int = 42
+    size: str = "small"
+    width: int | None = None
+    depth: int | None = None
+    heads: int | None = None
+    mlp_dim: int | None = None
+    patch_size: int | None = None
+    absolute_position: bool = True
+    num_features: int = 64
+    orthogonal: bool = True
+    redraw_interval: int = 0
+    deterministic: bool = False
+    rotation_order: str | None = None
+    rope_mixed: bool = False
+    normalize_qk: bool | None = None
+    linformer_dim: int = 32
+    limit: int | None = None
+    precision: str = "float32"
+    init_from: str | None = None
+
+    def __post_init__(self):
+        try:
+            parse_variant(self.variant)
+            check_choice("size", self.size, tuple(SIZES))
+            check_choice("precision", self.precision, PRECISIONS)
+            for name in ("epochs", "batch_size", "num_features", "linformer_dim"):
+                check_positive(name, getattr(self, name))
+            for name in ("width", "depth", "heads", "mlp_dim", "patch_size", "limit"):
+                if getattr(self, name) is not None:
+                    check_positive(name, getattr(self, name))
+            if not self.learning_rate > 0:
+                raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        except ValueError as error:
+            raise RunError(str(error)) from None
+
+    @property
+    def attention(self):
+        return parse_variant(self.variant)[0]
+
+    @property
+    def position(self):
+        return parse_variant(self.variant)[1]
+
+    def model_overrides(self):
+        """Keyword arguments of `create_model` beyond the variant name."""
+        sizes = {k: getattr(self, k) for k in ("width", "depth", "heads", "mlp_dim", "patch_size")}
+        kernel = {
+            k: getattr(self, k)
+            for k in (
+                "absolute_position", "num_features", "orthogonal", "redraw_interval", "deterministic",
+                "rotation_order", "rope_mixed", "normalize_qk", "linformer_dim",
+            )
+        }
+        return dict(size=self.size, **{k: v for k, v in sizes.items() if v is not None}, **kernel)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def fields(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_sources(cls, hparams_file=None, **explicit):
+        """Defaults < the `hparams_file` JSON < explicit (non-None) keyword arguments.
+
+        The JSON is either a flat mapping of field names or the tuner's
+        `best_hparams.json` ({"hyperparameters": {...}, ...}).
+        """
+        values = {}
+        if hparams_file is not None:
+            try:
+                with open(hparams_file) as f:
+                    loaded = json.load(f)
+            except (OSError, ValueError) as error:
+                raise RunError(f"cannot read --hparams file {hparams_file}: {error}") from None
+            loaded = loaded.get("hyperparameters", loaded) if isinstance(loaded, dict) else loaded
+            if not isinstance(loaded, dict):
+                raise RunError(f"--hparams file {hparams_file} must hold a JSON object of hyperparameters")
+            unknown = sorted(set(loaded) - set(cls.fields()))
+            if unknown:
+                raise RunError(f"--hparams file {hparams_file} has unknown keys {unknown}; expected some of {cls.fields()}")
+            values.update(loaded)
+        values.update({k: v for k, v in explicit.items() if v is not None})
+        return cls(**values)

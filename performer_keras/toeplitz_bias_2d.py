@@ -1,0 +1,108 @@
+"""2D Toeplitz relative position bias, applied densely or by FFT."""
+
+import numpy as np
+import keras
+from keras import ops
+
+from performer_keras.grid import grid_positions
+
+
+@keras.saving.register_keras_serializable(package="performer_keras")
+class ToeplitzBias2D(keras.layers.Layer):
+    """Toeplitz relative position encoding in 2D (Luo et al., NeurIPS 2021, arXiv:2106.12566).
+
+    A learned bias b[dr, dc] per head for every row and column offset of the
+    H x W patch grid ((2H-1) x (2W-1) values, initialised to 0). The weight
+    of the pair (i, j) is multiplied by exp(b[p_j - p_i]); prefix (CLS) tokens
+    have no grid position and take bias 0, i.e. factor 1, with every token.
+
+    `call(values)` returns S_i = sum_j exp(b[p_j - p_i]) u_j for per-token
+    vectors u (for kernelized attention, u_j = phi(k_j) (x) [v_j, 1], which
+    gives numerator and normaliser in one pass). Over the patch grid this is a
+    2D cross-correlation of u with exp(b), computed with `fft2` on a
+    (2H-1) x (2W-1) grid (large enough that circular wrap-around never mixes
+    offsets) in O(N log N) per channel. `use_fft=False` computes the same sum
+    with the dense N x N matrix, the readable reference. `bias_matrix()` gives
+    the additive (heads, N, N) logit bias that softmax attention uses, so
+    softmax + this bias is exactly the limit that kernelized attention + this
+    bias approximates.
+
+    Args:
+        grid_size: (H, W) of the patch grid.
+        num_heads: number of attention heads (one bias table each).
+        num_prefix_tokens: tokens before the grid (1 for CLS).
+
+    Call arguments:
+        values: (batch, heads, N, channels), N = num_prefix_tokens + H*W.
+        use_fft: FFT path (default) or dense reference.
+
+    Returns: (batch, heads, N, channels), float32.
+    Cost: FFT O(N log N c) time, O(N c) memory; dense O(N^2 c).
+    """
+
+    def __init__(self, grid_size, num_heads, num_prefix_tokens=1, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.num_heads = int(num_heads)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    def build(self, values_shape=None):
+        height, width = self.grid_size
+        self.bias = self.add_weight(
+            name="bias", shape=(self.num_heads, 2 * height - 1, 2 * width - 1), initializer="zeros"
+        )
+        # Flat index of offset p_j - p_i into the table, for the dense matrix.
+        positions = grid_positions(self.grid_size).astype("int64")
+        offsets = positions[None, :, :] - positions[:, None, :]  # (P, P, 2): p_j - p_i
+        self.offset_index = (offsets[..., 0] + height - 1) * (2 * width - 1) + offsets[..., 1] + width - 1
+
+    def bias_matrix(self):
+        """(heads, N, N) additive logit bias b[p_j - p_i], 0 on prefix rows and columns."""
+        table = ops.reshape(ops.cast(self.bias, "float32"), (self.num_heads, -1))
+        patch_bias = ops.take(table, np.asarray(self.offset_index), axis=1)  # (heads, P, P)
+        p = self.num_prefix_tokens
+        return ops.pad(patch_bias, [[0, 0], [p, 0], [p, 0]])
+
+    def call(self, values, use_fft=True):
+        values = ops.cast(values, "float32")
+        if not use_fft:
+            return ops.matmul(ops.exp(self.bias_matrix()), values)
+        return self._fft_correlate(values)
+
+    def _fft_correlate(self, values):
+        height, width = self.grid_size
+        p = self.num_prefix_tokens
+        prefix, patches = values[:, :, :p], values[:, :, p:]
+        channels = ops.shape(values)[-1]
+        grid = ops.reshape(patches, (-1, self.num_heads, height, width, channels))
+        grid = ops.transpose(grid, (0, 1, 4, 2, 3))  # (batch, heads, channels, H, W)
+        grid = ops.pad(grid, [[0, 0], [0, 0], [0, 0], [0, height - 1], [0, width - 1]])
+        # Kernel K[dr mod P, dc mod Q] = exp(b[dr, dc]): roll offset 0 to index 0.
+        kernel = ops.roll(ops.exp(ops.cast(self.bias, "float32")), (1 - height, 1 - width), axis=(1, 2))
+        kernel_real, kernel_imag = ops.fft2((kernel, ops.zeros_like(kernel)))
+        kernel_real, kernel_imag = kernel_real[None, :, None], kernel_imag[None, :, None]
+        grid_real, grid_imag = ops.fft2((grid, ops.zeros_like(grid)))
+        # Cross-correlation S[n] = sum_m K[m - n] U[m]  <=>  S^ = conj(K^) U^.
+        product = (
+            kernel_real * grid_real + kernel_imag * grid_imag,
+            kernel_real * grid_imag - kernel_imag * grid_real,
+        )
+        correlated, _ = ops.ifft2(product)
+        correlated = correlated[..., :height, :width]  # (batch, heads, channels, H, W)
+        correlated = ops.transpose(correlated, (0, 1, 3, 4, 2))
+        correlated = ops.reshape(correlated, (-1, self.num_heads, height * width, channels))
+        # Prefix keys weigh 1 for every query; prefix queries weigh every key by 1.
+        prefix_sum = ops.sum(prefix, axis=2, keepdims=True)
+        patch_out = correlated + prefix_sum
+        prefix_out = ops.repeat(prefix_sum + ops.sum(patches, axis=2, keepdims=True), p, axis=2)
+        return ops.concatenate([prefix_out, patch_out], axis=2)
+
+    def compute_output_shape(self, values_shape):
+        return values_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            grid_size=self.grid_size, num_heads=self.num_heads, num_prefix_tokens=self.num_prefix_tokens
+        )
+        return config

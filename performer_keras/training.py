@@ -1,0 +1,244 @@
+"""Train one variant into a crash-safe run folder.
+
+A run folder holds:
+    config.json      the `RunConfig` (a different config in the same folder is refused)
+    history.csv      one row per finished epoch (accuracy, loss, val_*, learning_rate, epoch_seconds)
+    best.keras       the best checkpoint by validation accuracy
+    backup/          BackupAndRestore state while the run is unfinished
+    logs/            TensorBoard scalars and HParams
+    throughput.json  images/s of the input pipeline alone and of training
+    init_from.json   which weights `init_from` copied (when used)
+    metrics.json     written by `evaluation.evaluate` once training ends
+
+Resuming: killed at any moment, the same call restarts from the last finished
+epoch. The data order and augmentation of epoch k depend only on (seed, k)
+(`data.train_pipeline(start_epoch=k)`), the backup restores weights, optimizer
+state and the random features' seed state, and the history and best-checkpoint
+threshold are cut back to that epoch, so the run ends with the same metrics as
+an uninterrupted one.
+"""
+
+import csv
+import json
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from performer_keras import data
+from performer_keras.registry import create_model
+from performer_keras.run_config import RunConfig, RunError
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or Inf; the last good checkpoint is kept."""
+
+
+class EpochStats(keras.callbacks.Callback):
+    """Add `learning_rate` and `epoch_seconds` to the epoch logs (before CSVLogger sees them)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs["epoch_seconds"] = time.perf_counter() - self.start
+        logs["learning_rate"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_json(path, value):
+    Path(path).write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def prepare_run_folder(config, out_dir):
+    """Create `out_dir` or check that it holds this very run; never touch another run."""
+    out_dir = Path(out_dir)
+    config_path = out_dir / "config.json"
+    if config_path.exists():
+        try:
+            existing = read_json(config_path)
+        except ValueError:
+            raise RunError(f"{config_path} is not valid JSON; choose another --out") from None
+        if existing != config.to_dict():
+            changed = sorted(k for k in set(existing) | set(config.to_dict()) if existing.get(k) != config.to_dict().get(k))
+            raise RunError(f"{out_dir} holds a different run (differs in {changed}); choose another --out")
+    elif out_dir.exists() and any(out_dir.iterdir()):
+        raise RunError(f"{out_dir} is not empty and holds no run; choose another --out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(config_path, config.to_dict())
+    return out_dir
+
+
+def completed_epochs(backup_dir):
+    """Epochs finished according to BackupAndRestore's metadata (0 when starting fresh)."""
+    metadata = Path(backup_dir) / "training_metadata.json"
+    return read_json(metadata)["epoch"] if metadata.exists() else 0
+
+
+def truncate_history(history_csv, epochs):
+    """Keep the rows of epochs < `epochs`; return the best val_accuracy among them.
+
+    A kill between the CSV write and the backup write leaves a row the resumed
+    run will write again; cutting back keeps one row per epoch.
+    """
+    if not history_csv.exists():
+        return None
+    with open(history_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    kept = [row for row in rows if int(row["epoch"]) < epochs]
+    if kept:
+        with open(history_csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(kept[0]))
+            writer.writeheader()
+            writer.writerows(kept)
+    else:
+        history_csv.unlink()
+    return max((float(row["val_accuracy"]) for row in kept), default=None)
+
+
+def copy_shared_weights(model, checkpoint):
+    """Copy every variable of `checkpoint` whose path and shape match one of `model`.
+
+    Starting a Performer from a trained softmax ViT shares everything but the
+    kernel's own state (random projections, position parameters).
+    """
+    try:
+        source = keras.models.load_model(checkpoint)
+    except Exception as error:  # any unreadable file is a user error
+        raise RunError(f"cannot read --init-from checkpoint {checkpoint}: {type(error).__name__}: {error}".splitlines()[0]) from None
+    source_vars = {v.path: v for v in source.weights}
+    copied, kept = [], []
+    for variable in model.weights:
+        match = source_vars.get(variable.path)
+        if match is not None and tuple(match.shape) == tuple(variable.shape) and match.dtype == variable.dtype:
+            variable.assign(match.value)
+            copied.append(variable.path)
+        else:
+            kept.append(variable.path)
+    return {"checkpoint": str(checkpoint), "copied": copied, "not_copied": kept}
+
+
+def log_hparams(log_dir, config):
+    """Write the run's hyperparameters for TensorBoard's HParams dashboard."""
+    import tensorflow as tf
+    from tensorboard.plugins.hparams import api as hparams_api
+
+    values = {k: (v if isinstance(v, (bool, int, float, str)) else str(v)) for k, v in config.to_dict().items()}
+    with tf.summary.create_file_writer(str(log_dir)).as_default():
+        hparams_api.hparams(values, trial_id=Path(log_dir).parent.name)
+
+
+def build_optimizer(config, steps_per_epoch):
+    """AdamW with linear warmup then cosine decay over the whole run."""
+    total = steps_per_epoch * config.epochs
+    warmup = min(int(config.warmup_epochs * steps_per_epoch), total - 1)
+    schedule = keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0 if warmup else config.learning_rate,
+        decay_steps=total - warmup,
+        warmup_target=config.learning_rate if warmup else None,
+        warmup_steps=warmup,
+    )
+    return keras.optimizers.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
+
+
+def train(config, out_dir, verbose="auto", export_dir=None):
+    """Train `config` into `out_dir` (resuming if unfinished) and return its metrics.
+
+    Raises:
+        RunError: bad input; nothing existing was touched.
+        TrainingDiverged: the loss became NaN or Inf.
+    """
+    from performer_keras import evaluation
+
+    out_dir = prepare_run_folder(config, out_dir)
+    if (out_dir / "metrics.json").exists():
+        return read_json(out_dir / "metrics.json")
+    splits = data.load_dataset(config.dataset, limit=config.limit)
+    previous_policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(config.precision)
+    try:
+        keras.utils.set_random_seed(config.seed)
+        model = create_model(
+            config.variant,
+            image_shape=splits.image_shape,
+            num_classes=splits.num_classes,
+            mean=splits.mean,
+            std=splits.std,
+            **config.model_overrides(),
+        )
+        if config.init_from:
+            write_json(out_dir / "init_from.json", copy_shared_weights(model, config.init_from))
+        _fit(model, config, splits, out_dir, verbose)
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+    if export_dir is not None:
+        from performer_keras.export import export_saved_model
+
+        export_saved_model(keras.models.load_model(out_dir / "best.keras"), export_dir)
+    return evaluation.evaluate(out_dir)
+
+
+def _fit(model, config, splits, out_dir, verbose):
+    (x_train, y_train), (x_val, y_val) = splits.train, splits.validation
+    steps = data.steps_per_epoch(len(x_train), config.batch_size)
+    if steps < 1:
+        raise RunError(f"batch size {config.batch_size} exceeds the {len(x_train)} training examples")
+    backup_dir = out_dir / "backup"
+    start_epoch = completed_epochs(backup_dir)
+    best_so_far = truncate_history(out_dir / "history.csv", start_epoch)
+    augment = data.augmentation_for(config.dataset)
+    train_ds = data.train_pipeline(x_train, y_train, config.batch_size, config.seed, augment, start_epoch, config.epochs)
+    val_ds = data.eval_pipeline(x_val, y_val, config.batch_size)
+
+    model.compile(
+        optimizer=build_optimizer(config, steps),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    log_dir = out_dir / "logs"
+    if start_epoch == 0:
+        log_hparams(log_dir, config)
+    callbacks = [
+        EpochStats(),
+        keras.callbacks.TerminateOnNaN(raise_error=True),
+        keras.callbacks.ModelCheckpoint(
+            out_dir / "best.keras", monitor="val_accuracy", mode="max", save_best_only=True,
+            initial_value_threshold=best_so_far,
+        ),
+        keras.callbacks.CSVLogger(out_dir / "history.csv", append=True),
+        keras.callbacks.TensorBoard(log_dir),
+        # Last, so an epoch counts as finished only once everything above is written.
+        keras.callbacks.BackupAndRestore(backup_dir),
+    ]
+    started = time.perf_counter()
+    try:
+        model.fit(
+            train_ds, epochs=config.epochs, steps_per_epoch=steps, validation_data=val_ds,
+            callbacks=callbacks, verbose=verbose,
+        )
+    except RuntimeError as error:
+        if "NaN or Inf loss" not in str(error):
+            raise
+        raise TrainingDiverged(
+            f"training diverged (NaN/Inf loss) in epoch {len(_history_rows(out_dir)) + 1}; "
+            f"the last good checkpoint is kept in {out_dir / 'best.keras'} and the backup in {backup_dir}"
+        ) from None
+    if start_epoch == 0:
+        elapsed = time.perf_counter() - started
+        write_json(out_dir / "throughput.json", {
+            "pipeline_images_per_second": data.pipeline_throughput(x_train, y_train, config.batch_size, augment, seed=config.seed),
+            "training_images_per_second": steps * config.batch_size * config.epochs / elapsed,
+        })
+
+
+def _history_rows(out_dir):
+    path = out_dir / "history.csv"
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

@@ -1,0 +1,76 @@
+"""The functional Vision Transformer, top to bottom as in the paper's figure."""
+
+import keras
+
+from performer_keras.class_token import ClassToken
+from performer_keras.kernel_attention import KernelAttention
+from performer_keras.position_embedding import PositionEmbedding
+
+
+def build_vit(
+    image_shape,
+    num_classes,
+    attention="softmax",
+    position="absolute",
+    patch_size=4,
+    width=256,
+    depth=6,
+    heads=8,
+    mlp_dim=512,
+    absolute_position=True,
+    mean=None,
+    std=None,
+    name=None,
+    **kernel_options,
+):
+    """A pre-LayerNorm ViT (Dosovitskiy et al., arXiv:2010.11929) with `KernelAttention`.
+
+    Input: images (batch, H, W, C) as float pixel values in [0, 255]; the
+    model normalises them itself with the training split's per-channel `mean`
+    and `std` (pixel units), so a saved or exported model takes raw pixels.
+    Output: class probabilities (batch, num_classes), float32.
+
+    Args:
+        image_shape: (H, W, C); H and W must divide by `patch_size`.
+        attention, position: the kernel and position encoding of every block
+            (see `KernelAttention`).
+        patch_size, width, depth, heads, mlp_dim: the architecture; defaults
+            are the reference recipe.
+        absolute_position: add the learned absolute embedding (kept in every
+            variant unless switched off).
+        mean, std: per-channel normalisation statistics (None: 0 and 255).
+        **kernel_options: passed to every `KernelAttention` (num_features,
+            redraw_interval, rotation_order, ...).
+    """
+    height, img_width, channels = image_shape
+    if height % patch_size or img_width % patch_size:
+        raise ValueError(f"image size {height}x{img_width} is not divisible by patch_size={patch_size}")
+    grid = (height // patch_size, img_width // patch_size)
+    mean = [0.0] * channels if mean is None else list(mean)
+    std = [255.0] * channels if std is None else list(std)
+
+    # === Layers and functional model ===
+    images = keras.Input(shape=tuple(image_shape), name="images")
+    x = keras.layers.Normalization(
+        mean=mean, variance=[s * s for s in std], name="normalize"
+    )(images)
+    x = keras.layers.Conv2D(width, patch_size, strides=patch_size, name="patch_embedding")(x)
+    x = keras.layers.Reshape((grid[0] * grid[1], width), name="patches")(x)  # (batch, P, width)
+    x = ClassToken(name="class_token")(x)  # (batch, 1 + P, width)
+    if absolute_position:
+        x = PositionEmbedding(name="position_embedding")(x)
+    for i in range(depth):
+        y = keras.layers.LayerNormalization(epsilon=1e-6, name=f"block_{i}_attention_norm")(x)
+        y = KernelAttention(
+            heads, attention, position, grid_size=grid, num_prefix_tokens=1,
+            name=f"block_{i}_attention", **kernel_options,
+        )(y)
+        x = keras.layers.Add(name=f"block_{i}_attention_residual")([x, y])
+        y = keras.layers.LayerNormalization(epsilon=1e-6, name=f"block_{i}_mlp_norm")(x)
+        y = keras.layers.Dense(mlp_dim, activation="gelu", name=f"block_{i}_mlp_hidden")(y)
+        y = keras.layers.Dense(width, name=f"block_{i}_mlp_output")(y)
+        x = keras.layers.Add(name=f"block_{i}_mlp_residual")([x, y])
+    x = keras.layers.LayerNormalization(epsilon=1e-6, name="final_norm")(x)
+    cls = x[:, 0]  # (batch, width): the CLS token
+    probabilities = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="head")(cls)
+    return keras.Model(images, probabilities, name=name or f"vit_{attention}_{position}")
