@@ -206,9 +206,10 @@ def train_pipeline(
       uniform offset, then flip left-right with probability 1/2.
     * ``"none"``.
 
-    Both are one affine map per image applied by ``ImageProjectiveTransformV3``
-    to a whole batch at once; crop and flip move pixels by whole numbers and
-    use nearest sampling, so they are exact copies of the padded crop.
+    Rotation and crop-flip are each one affine map per image, applied by
+    ``ImageProjectiveTransformV3`` to a whole batch at once; crop and flip move
+    pixels by whole numbers with nearest sampling, so they are exact copies of
+    the padded crop.
 
     Parameters
     ----------
@@ -267,7 +268,7 @@ def train_pipeline(
 
 
 def eval_pipeline(images, labels, batch_size: int) -> tf.data.Dataset:
-    """Batches in file order, no augmentation, the last partial batch kept.
+    """Batches in split order, no augmentation, the last partial batch kept.
 
     Every example counts exactly once, so accuracies are over the whole split.
     Yields ``(float32 images (B, H, W, C) in [0, 255], int32 labels (B,))``.
@@ -398,7 +399,9 @@ def _write_cache(path, images):
         os.replace(partial, path)
     except OSError as err:
         partial.unlink(missing_ok=True)
-        warnings.warn(f"Could not cache decoded images at {path} ({err}); they will be decoded again")
+        warnings.warn(
+            f"Could not cache decoded images at {path} ({err}); they will be decoded again"
+        )
 
 
 def _read_tfds(name):

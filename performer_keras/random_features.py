@@ -32,12 +32,16 @@ def draw_projection(num_features, dim, orthogonal, seed):
     if not orthogonal:
         return keras.random.normal((num_features, dim), seed=seed)
     blocks = -(-num_features // dim)
-    gaussian = keras.random.normal((blocks, dim, dim), seed=seed)
+    # ONE draw split in two: an integer seed would make two separate draws
+    # start from the same numbers, tying the row norms to the very Gaussian
+    # the directions come from, and rows would no longer be N(0, I_d).
+    samples = keras.random.normal((blocks * dim + num_features, dim), seed=seed)
+    gaussian = ops.reshape(samples[: blocks * dim], (blocks, dim, dim))
     q, r = ops.qr(gaussian)  # (blocks, dim, dim) each
     signs = ops.sign(ops.diagonal(r, axis1=-2, axis2=-1))  # (blocks, dim)
     rows = ops.transpose(q * signs[:, None, :], (0, 2, 1))  # rows orthonormal
     rows = ops.reshape(rows, (blocks * dim, dim))[:num_features]
-    norms = ops.norm(keras.random.normal((num_features, dim), seed=seed), axis=-1)
+    norms = ops.norm(samples[blocks * dim :], axis=-1)  # (num_features,) chi(dim)
     return rows * norms[:, None]
 
 
@@ -100,7 +104,8 @@ class RandomFeatures(keras.layers.Layer):
         if training and self.redraw_interval:
             self.step.assign(self.step + 1)
             due = ops.equal(ops.mod(self.step, self.redraw_interval), 0)
-            self.projection.assign(ops.where(due, self.draw(), self.projection))
+            # `.value`: JAX's where rejects a Variable inside a jitted train step.
+            self.projection.assign(ops.where(due, self.draw(), self.projection.value))
         return ops.cast(self.projection, self.compute_dtype)
 
     def call(self, queries, keys, training=None):

@@ -7,6 +7,30 @@ from keras import ops
 from performer_keras.grid import grid_positions
 
 
+def _swap_last_axes(x):
+    return ops.swapaxes(x, -1, -2)
+
+
+def real_fft2(x):
+    """2D DFT of real (..., P, Q) as (real, imag) of shape (..., Q//2 + 1, P).
+
+    An rfft over columns then a complex fft over rows: half the work and memory
+    of `fft2` on a zero imaginary part (the spectrum of a real signal is
+    Hermitian). keras.ops has no rfft2, hence the two 1D passes.
+    """
+    real, imag = ops.rfft(x)  # (..., P, Q//2 + 1)
+    return ops.fft((_swap_last_axes(real), _swap_last_axes(imag)))
+
+
+def inverse_real_fft2(real, imag, fft_length):
+    """Inverse of `real_fft2`: (..., Q//2 + 1, P) spectrum -> real (..., P, Q)."""
+    rows = ops.shape(real)[-1]
+    # ifft(z) = conj(fft(conj(z))) / n: keras.ops has no 1D ifft.
+    real, imag = ops.fft((real, -imag))
+    real, imag = real / rows, -imag / rows
+    return ops.irfft((_swap_last_axes(real), _swap_last_axes(imag)), fft_length=fft_length)
+
+
 @keras.saving.register_keras_serializable(package="performer_keras")
 class ToeplitzBias2D(keras.layers.Layer):
     """Toeplitz relative position encoding in 2D (Luo et al., NeurIPS 2021, arXiv:2106.12566).
@@ -19,7 +43,7 @@ class ToeplitzBias2D(keras.layers.Layer):
     `call(values)` returns S_i = sum_j exp(b[p_j - p_i]) u_j for per-token
     vectors u (for kernelized attention, u_j = phi(k_j) (x) [v_j, 1], which
     gives numerator and normaliser in one pass). Over the patch grid this is a
-    2D cross-correlation of u with exp(b), computed with `fft2` on a
+    2D cross-correlation of u with exp(b), computed by a 2D real FFT on a
     (2H-1) x (2W-1) grid (large enough that circular wrap-around never mixes
     offsets) in O(N log N) per channel. `use_fft=False` computes the same sum
     with the dense N x N matrix, the readable reference. `bias_matrix()` gives
@@ -79,15 +103,15 @@ class ToeplitzBias2D(keras.layers.Layer):
         grid = ops.pad(grid, [[0, 0], [0, 0], [0, 0], [0, height - 1], [0, width - 1]])
         # Kernel K[dr mod P, dc mod Q] = exp(b[dr, dc]): roll offset 0 to index 0.
         kernel = ops.roll(ops.exp(ops.cast(self.bias, "float32")), (1 - height, 1 - width), axis=(1, 2))
-        kernel_real, kernel_imag = ops.fft2((kernel, ops.zeros_like(kernel)))
+        kernel_real, kernel_imag = real_fft2(kernel)  # (heads, Q/2+1, P)
         kernel_real, kernel_imag = kernel_real[None, :, None], kernel_imag[None, :, None]
-        grid_real, grid_imag = ops.fft2((grid, ops.zeros_like(grid)))
+        grid_real, grid_imag = real_fft2(grid)  # (batch, heads, channels, Q/2+1, P)
         # Cross-correlation S[n] = sum_m K[m - n] U[m]  <=>  S^ = conj(K^) U^.
-        product = (
+        correlated = inverse_real_fft2(
             kernel_real * grid_real + kernel_imag * grid_imag,
             kernel_real * grid_imag - kernel_imag * grid_real,
+            2 * width - 1,
         )
-        correlated, _ = ops.ifft2(product)
         correlated = correlated[..., :height, :width]  # (batch, heads, channels, H, W)
         correlated = ops.transpose(correlated, (0, 1, 3, 4, 2))
         correlated = ops.reshape(correlated, (-1, self.num_heads, height * width, channels))

@@ -1,0 +1,51 @@
+"""Evaluate a trained ViT on its test set and print the metrics table.
+
+    python evaluate.py runs/favor-rope-mnist-42            # a run folder
+    python evaluate.py model.keras --dataset mnist         # a bare model
+    python evaluate.py export/ --dataset cifar10 --out eval/   # a SavedModel
+
+Writes metrics.json and confusion_matrix.png (into the run folder, --out, or
+beside the model); see `performer_keras.evaluation.evaluate`. Bad input (a
+missing path, an unknown dataset, something that is not a model) prints one
+line to stderr and exits with status 2, like an argparse usage error.
+"""
+
+import argparse
+import sys
+
+
+def positive_int(text):
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path", metavar="RUN_OR_MODEL", help="run folder, .keras file or SavedModel folder")
+    parser.add_argument("--dataset", help="test data (default: the run's config.json)")
+    parser.add_argument("--limit", type=positive_int, help="first N test examples (default: the run's)")
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="prediction batch (default 256)")
+    parser.add_argument("--out", help="folder for metrics.json and confusion_matrix.png")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # Imported after parsing so that --help answers without loading TensorFlow.
+    from performer_keras.data import DataError
+    from performer_keras.evaluation import EvaluationError, evaluate, format_table
+
+    try:
+        metrics = evaluate(args.path, args.dataset, args.limit, args.batch_size, args.out)
+    except (EvaluationError, DataError) as err:
+        print(f"evaluate.py: error: {err}", file=sys.stderr)
+        return 2
+    print(format_table(metrics))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

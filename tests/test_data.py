@@ -1,0 +1,258 @@
+"""Tests of the bundled datasets, the splits and the tf.data pipelines.
+
+The full datasets are loaded once per session (CIFAR-10 is decoded once and
+then read from the cache); pipelines run on small `limit`ed splits so the whole
+file stays fast. tensorflow-datasets is monkeypatched, never reached.
+"""
+
+import shutil
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from performer_keras import data
+
+
+@pytest.fixture(scope="session")
+def mnist():
+    return data.load_dataset("mnist")
+
+
+@pytest.fixture(scope="session")
+def cifar10():
+    return data.load_dataset("cifar10")
+
+
+@pytest.fixture(scope="session")
+def small_mnist():
+    return data.load_dataset("mnist", limit=200)
+
+
+@pytest.fixture(scope="session")
+def small_cifar10():
+    return data.load_dataset("cifar10", limit=200)
+
+
+def _batches(dataset):
+    return [(x.numpy(), y.numpy()) for x, y in dataset]
+
+
+def _assert_same_batches(first, second):
+    assert len(first) == len(second)
+    for (x1, y1), (x2, y2) in zip(first, second):
+        np.testing.assert_array_equal(y1, y2)
+        np.testing.assert_array_equal(x1, x2)
+
+
+# === Files and splits ===
+
+
+@pytest.mark.parametrize(
+    "name, sizes, shape",
+    [("mnist", (55000, 5000, 10000), (28, 28, 1)), ("cifar10", (45000, 5000, 10000), (32, 32, 3))],
+)
+def test_split_sizes_shapes_and_dtypes(name, sizes, shape, request):
+    splits = request.getfixturevalue(name)
+    assert splits.name == name
+    assert splits.image_shape == shape
+    assert splits.num_classes == len(splits.label_names) == 10
+    for (images, labels), size in zip((splits.train, splits.validation, splits.test), sizes):
+        assert images.shape == (size, *shape) and images.dtype == np.uint8
+        assert labels.shape == (size,) and labels.dtype == np.int32
+        assert labels.min() == 0 and labels.max() == 9
+
+
+def test_mnist_file_order_matches_readme():
+    _, y_train, _, y_test, label_names = data._read_bundled("mnist", data.DATA_DIR)
+    assert list(y_train[:10]) == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]
+    assert list(y_test[:10]) == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
+    assert label_names == tuple("0123456789")
+
+
+@pytest.mark.parametrize("name", data.BUNDLED)
+def test_validation_is_drawn_from_train(name, request):
+    splits = request.getfixturevalue(name)
+    _, y_train, _, y_test, _ = data._read_bundled(name, data.DATA_DIR)
+    both = np.concatenate([splits.train[1], splits.validation[1]])
+    np.testing.assert_array_equal(np.bincount(both), np.bincount(y_train))
+    np.testing.assert_array_equal(np.bincount(splits.test[1]), np.bincount(y_test))
+
+
+def test_mnist_channel_statistics(mnist):
+    np.testing.assert_allclose(mnist.mean, [0.1307 * 255], rtol=0.01)
+    np.testing.assert_allclose(mnist.std, [0.3081 * 255], rtol=0.01)
+    np.testing.assert_allclose(mnist.mean, [mnist.train[0].mean()], rtol=1e-9)
+
+
+def test_cifar10_classes_statistics_and_cache(cifar10):
+    assert cifar10.label_names == (
+        "airplane", "automobile", "bird", "cat", "deer",
+        "dog", "frog", "horse", "ship", "truck",
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.bincount(cifar10.test[1]), [1000] * 10)
+    # The README's statistics of this JPEG copy, which the decoder must reproduce.
+    np.testing.assert_allclose(cifar10.mean, np.array([0.4913, 0.4827, 0.4471]) * 255, rtol=0.005)
+    np.testing.assert_allclose(cifar10.std, np.array([0.2456, 0.2432, 0.2615]) * 255, rtol=0.01)
+    assert list(data._CACHE_DIR.glob("cifar10-12fc5d91bf6b428a.npy"))
+
+
+def test_split_is_the_same_for_every_call(small_mnist):
+    again = data.load_dataset("mnist", limit=200)
+    for first, second in zip(
+        (small_mnist.train, small_mnist.validation, small_mnist.test),
+        (again.train, again.validation, again.test),
+    ):
+        np.testing.assert_array_equal(first[0], second[0])
+        np.testing.assert_array_equal(first[1], second[1])
+    other_seed = data.load_dataset("mnist", limit=200, split_seed=7)
+    assert not np.array_equal(other_seed.validation[1], small_mnist.validation[1])
+
+
+def test_limit_takes_the_first_examples_of_each_split(mnist, small_mnist):
+    for full, limited in zip(
+        (mnist.train, mnist.validation, mnist.test),
+        (small_mnist.train, small_mnist.validation, small_mnist.test),
+    ):
+        np.testing.assert_array_equal(limited[0], full[0][:200])
+        np.testing.assert_array_equal(limited[1], full[1][:200])
+    np.testing.assert_allclose(small_mnist.mean, [small_mnist.train[0].mean()], rtol=1e-9)
+    np.testing.assert_allclose(small_mnist.std, [small_mnist.train[0].std()], rtol=1e-9)
+    with pytest.raises(ValueError, match="limit"):
+        data.load_dataset("mnist", limit=0)
+
+
+def test_damaged_file_fails_with_one_line(tmp_path):
+    copy = tmp_path / "mnist.npz"
+    shutil.copyfile(data.DATA_DIR / "mnist.npz", copy)
+    raw = bytearray(copy.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    copy.write_bytes(bytes(raw))
+    with pytest.raises(data.DataError, match="damaged") as error:
+        data.load_dataset("mnist", data_dir=tmp_path)
+    assert "\n" not in str(error.value) and "mnist.npz" in str(error.value)
+
+
+def test_missing_file_fails_with_one_line(tmp_path):
+    with pytest.raises(data.DataError, match="missing") as error:
+        data.load_dataset("cifar10", data_dir=tmp_path)
+    assert "\n" not in str(error.value) and "git checkout" in str(error.value)
+
+
+def test_unloadable_dataset_names_the_offline_alternatives(monkeypatch):
+    tfds = pytest.importorskip("tensorflow_datasets")
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("Dataset nope not found.\nAvailable datasets:\n - mnist ...")
+
+    monkeypatch.setattr(tfds, "load", fail)
+    with pytest.raises(data.DataError) as error:
+        data.load_dataset("nope")
+    message = str(error.value)
+    assert "\n" not in message
+    assert "tensorflow-datasets" in message and "not found" in message
+    assert "'mnist'" in message and "'cifar10'" in message
+
+
+def test_tfds_dataset_is_split_like_the_bundled_ones(monkeypatch):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    rng = np.random.default_rng(0)
+
+    def fake_load(name, split, as_supervised, batch_size, with_info):
+        assert split == ["train", "test"] and as_supervised and batch_size == -1
+        make = lambda n: (  # noqa: E731
+            tf.constant(rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8)),
+            tf.constant(rng.integers(0, 2, n), tf.int64),
+        )
+        info = types.SimpleNamespace(
+            supervised_keys=("image", "label"),
+            features={"label": types.SimpleNamespace(names=["cat", "dog"])},
+        )
+        return (make(1000), make(300)), info
+
+    monkeypatch.setattr(tfds, "load", fake_load)
+    splits = data.load_dataset("fake_rgb")
+    # 5,000 validation examples would be half the data: capped at 10%.
+    assert [len(s[1]) for s in (splits.train, splits.validation, splits.test)] == [900, 100, 300]
+    assert splits.label_names == ("cat", "dog") and splits.train[1].dtype == np.int32
+
+
+# === Pipelines ===
+
+
+def test_steps_and_batch_counts(small_mnist):
+    images, labels = small_mnist.train
+    assert data.steps_per_epoch(200, 64) == 3  # floor: the last 8 examples wait
+    dataset = data.train_pipeline(
+        images, labels, 64, seed=0, augment="none", start_epoch=1, epochs=4
+    )
+    assert len(_batches(dataset)) == 3 * 3
+    evaluation = _batches(data.eval_pipeline(images, labels, 64))
+    assert [len(y) for _, y in evaluation] == [64, 64, 64, 8]
+    np.testing.assert_array_equal(np.concatenate([x for x, _ in evaluation]), images)
+    assert evaluation[0][0].dtype == np.float32
+    with pytest.raises(ValueError, match="batch_size"):
+        data.steps_per_epoch(10, 64)
+
+
+@pytest.mark.parametrize(
+    "name, augment", [("small_mnist", "rotate"), ("small_cifar10", "crop_flip")]
+)
+def test_resumed_epoch_equals_uninterrupted_epoch(name, augment, request):
+    images, labels = request.getfixturevalue(name).train
+    steps = data.steps_per_epoch(len(labels), 32)
+    uninterrupted = _batches(data.train_pipeline(images, labels, 32, 5, augment, epochs=3))
+    resumed = _batches(data.train_pipeline(images, labels, 32, 5, augment, start_epoch=2, epochs=3))
+    _assert_same_batches(uninterrupted[2 * steps :], resumed)
+    assert not np.array_equal(uninterrupted[0][1], uninterrupted[steps][1])  # epochs differ
+    other_seed = _batches(data.train_pipeline(images, labels, 32, 6, augment, epochs=1))
+    assert not np.array_equal(other_seed[0][0], uninterrupted[0][0])
+
+
+@pytest.mark.parametrize("augment", data.AUGMENTATIONS)
+def test_augmentation_keeps_shape_dtype_and_range(augment, small_cifar10):
+    images, labels = small_cifar10.train
+    x, y = next(iter(data.train_pipeline(images, labels, 50, seed=0, augment=augment)))
+    assert x.shape == (50, 32, 32, 3) and x.dtype == tf.float32
+    assert y.shape == (50,) and y.dtype == tf.int32
+    assert 0.0 <= float(tf.reduce_min(x)) and float(tf.reduce_max(x)) <= 255.0
+    # Augmentation changes pixels but never which example (label) sits where.
+    plain_x, plain_y = next(iter(data.train_pipeline(images, labels, 50, seed=0, augment="none")))
+    np.testing.assert_array_equal(y, plain_y)
+    assert np.array_equal(x, plain_x) == (augment == "none")
+
+
+def test_crop_flip_equals_padded_crop_reference():
+    image = np.arange(6 * 5 * 2, dtype=np.float32).reshape(1, 6, 5, 2)
+    padded = np.pad(image[0], ((4, 4), (4, 4), (0, 0)))  # zero padding, as augmentation does
+    for shift_y, shift_x, flip in [(0, 0, False), (1, -2, True), (-4, 4, False), (4, -4, True)]:
+        transforms = data._crop_flip_transforms(
+            tf.constant([float(shift_y)]), tf.constant([float(shift_x)]), tf.constant([flip]), 5
+        )
+        result = data._apply_transforms(image, transforms, "NEAREST").numpy()[0]
+        crop = padded[4 + shift_y : 4 + shift_y + 6, 4 + shift_x : 4 + shift_x + 5]
+        np.testing.assert_array_equal(result, crop[:, ::-1] if flip else crop)
+
+
+def test_rotation_turns_about_the_centre():
+    image = np.arange(25, dtype=np.float32).reshape(1, 5, 5, 1)
+    quarter = data._rotation_transforms(tf.constant([np.pi / 2]), 5, 5)
+    turned = data._apply_transforms(image, quarter, "BILINEAR").numpy()[0, ..., 0]
+    np.testing.assert_allclose(turned, np.rot90(image[0, ..., 0]), atol=1e-4)
+    identity = data._rotation_transforms(tf.zeros([1]), 5, 5)
+    still = data._apply_transforms(image, identity, "BILINEAR")
+    np.testing.assert_allclose(still, image, atol=1e-4)
+
+
+def test_augmentation_choices():
+    assert data.augmentation_for("mnist") == "rotate"
+    assert data.augmentation_for("fashion_mnist") == "rotate"
+    assert data.augmentation_for("cifar10") == "crop_flip"
+    assert data.augmentation_for("cifar100") == "crop_flip"
+    with pytest.raises(ValueError, match="Unknown augmentation 'mixup'"):
+        data.train_pipeline(np.zeros((4, 8, 8, 1), np.uint8), np.zeros(4), 2, 0, "mixup")
+
+
+def test_pipeline_throughput_is_positive(small_mnist):
+    assert data.pipeline_throughput(*small_mnist.train, 32, "rotate", batches=3) > 0

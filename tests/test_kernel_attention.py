@@ -1,0 +1,343 @@
+"""KernelAttention against a brute-force numpy reference, for every kernel x position.
+
+The reference below is written to be checked by eye against the docstrings: it
+recomputes q, k, v from the layer's own Dense weights, applies the position
+encoding as DENSE matrices (2x2 rotations per RoPE pair, scipy's expm for
+STRING, a loop over token pairs for the Toeplitz bias), builds the full N x N
+attention weights and never uses FFTs or the layer's code paths. Everything is
+float64, so a 1e-4 agreement is the float32 error of the layer alone.
+"""
+
+import numpy as np
+import pytest
+import scipy.linalg
+import keras
+from keras import ops
+
+from performer_keras import KernelAttention, ToeplitzBias2D
+from performer_keras.grid import grid_positions
+
+from layer_test_case import run_layer_test
+
+GRID = (7, 7)
+HEADS, WIDTH, BATCH = 2, 16, 2
+HEAD_DIM = WIDTH // HEADS  # 8
+TOKENS = 1 + GRID[0] * GRID[1]  # CLS + 7x7 patches = 50
+NUM_FEATURES = 16
+LINEAR_KERNELS = ("favor", "relu", "exp")
+# The documented defaults, written out here rather than read from the layer.
+DEFAULT_ORDER = {"softmax": "before", "linformer": "before", "favor": "before", "exp": "before", "relu": "after"}
+
+
+def to_numpy(tensor):
+    """float64 numpy copy of a tensor or a variable (read through `.value`)."""
+    if isinstance(tensor, keras.Variable):
+        tensor = tensor.value
+    return np.asarray(ops.convert_to_numpy(tensor), dtype="float64")
+
+
+# === Reference: position encodings as dense matrices. ===
+
+
+def axial_frequencies_reference(dim, base=100.0):
+    """(dim/2, 2): pair p < dim/4 turns with the row at t_p, pair dim/4 + p with the column."""
+    quarter = dim // 4
+    theta = [base ** (-i / quarter) for i in range(quarter)]
+    return np.array([[t, 0.0] for t in theta] + [[0.0, t] for t in theta])
+
+
+def rope_matrix(frequencies, position):
+    """(dim, dim) block-diagonal rotation: pair (2p, 2p+1) turns by f_p . (row, col)."""
+    dim = 2 * len(frequencies)
+    rotation = np.zeros((dim, dim))
+    for p, f in enumerate(frequencies):
+        angle = f[0] * position[0] + f[1] * position[1]
+        rotation[2 * p : 2 * p + 2, 2 * p : 2 * p + 2] = [
+            [np.cos(angle), -np.sin(angle)],
+            [np.sin(angle), np.cos(angle)],
+        ]
+    return rotation
+
+
+def circulant(c):
+    """C[i, j] = c[(i - j) mod d]: the circulant matrix with first column c."""
+    d = len(c)
+    return np.array([[c[(i - j) % d] for j in range(d)] for i in range(d)])
+
+
+def string_matrix(row_generator, col_generator, position):
+    """R(r) = expm(r_row L_row + r_col L_col) with L = C - C^T."""
+    l_row = circulant(row_generator) - circulant(row_generator).T
+    l_col = circulant(col_generator) - circulant(col_generator).T
+    return scipy.linalg.expm(position[0] * l_row + position[1] * l_col)
+
+
+def rotation_matrices(layer, position, dim, positions):
+    """(heads, N, dim, dim): identity for the CLS token, R(p_i) for patch i."""
+    rotations = np.tile(np.eye(dim), (HEADS, TOKENS, 1, 1))
+    for h in range(HEADS):
+        for i, p in enumerate(positions):
+            if position == "rope":
+                if layer.rope_mixed:
+                    frequencies = to_numpy(layer.rotation.frequencies)[h]
+                else:
+                    frequencies = axial_frequencies_reference(dim)
+                rotations[h, 1 + i] = rope_matrix(frequencies, p)
+            else:
+                rows, cols = to_numpy(layer.rotation.row_generator), to_numpy(layer.rotation.col_generator)
+                rotations[h, 1 + i] = string_matrix(rows[h], cols[h], p)
+    return rotations
+
+
+def rotate(x, rotations):
+    """x_i -> R_i x_i for (batch, heads, N, dim) x."""
+    return np.einsum("hnij,bhnj->bhni", rotations, x)
+
+
+def toeplitz_bias(table, grid, num_prefix=1):
+    """(heads, N, N) bias b[r_j - r_i + H - 1, c_j - c_i + W - 1]; 0 in CLS rows and columns."""
+    height, width = grid
+    positions = grid_positions(grid).astype(int)
+    tokens = num_prefix + len(positions)
+    bias = np.zeros((table.shape[0], tokens, tokens))
+    for i, (ri, ci) in enumerate(positions):
+        for j, (rj, cj) in enumerate(positions):
+            bias[:, num_prefix + i, num_prefix + j] = table[:, rj - ri + height - 1, cj - ci + width - 1]
+    return bias
+
+
+# === Reference: feature maps from their formulas. ===
+
+
+def favor_reference(x, projection, is_query, epsilon=1e-6):
+    """m^-1/2 (exp(W x' - |x'|^2/2 - M) + eps), x' = x d^-1/4.
+
+    M: each query's max over features; for keys ONE max over all keys and
+    features of a (batch, head).
+    """
+    m, d = projection.shape
+    x = x * d**-0.25
+    logits = x @ projection.T  # (batch, heads, N, m)
+    half_norm = 0.5 * np.sum(x**2, axis=-1, keepdims=True)
+    axes = -1 if is_query else (-2, -1)
+    stabiliser = np.max(logits, axis=axes, keepdims=True)
+    return m**-0.5 * (np.exp(logits - half_norm - stabiliser) + epsilon)
+
+
+def relu_reference(x, projection, deterministic=False, epsilon=1e-3):
+    """ReLU(W x) / sqrt(m) + eps, or ReLU(x) + eps when deterministic."""
+    if deterministic:
+        return np.maximum(x, 0.0) + epsilon
+    m = projection.shape[0]
+    return np.maximum(x @ projection.T, 0.0) / np.sqrt(m) + epsilon
+
+
+def exp_reference(x, is_query, epsilon=1e-6):
+    """exp(x' - M) + eps, x' = x d^-1/4, M as for FAVOR+."""
+    x = x * x.shape[-1] ** -0.25
+    axes = -1 if is_query else (-2, -1)
+    return np.exp(x - np.max(x, axis=axes, keepdims=True)) + epsilon
+
+
+# === Reference: the whole layer. ===
+
+
+def split_heads(x):
+    """(batch, N, width) -> (batch, heads, N, head_dim)."""
+    return x.reshape(x.shape[0], x.shape[1], HEADS, -1).transpose(0, 2, 1, 3)
+
+
+def dense(layer, x):
+    return x @ to_numpy(layer.kernel) + to_numpy(layer.bias)
+
+
+def softmax(logits):
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    return np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+
+
+def reference_attention(layer, x, kernel, position, rotation_order=None, deterministic=False, positions=None):
+    """The layer's output, recomputed densely in float64."""
+    x = np.asarray(x, dtype="float64")
+    positions = grid_positions(GRID) if positions is None else positions
+    d = HEAD_DIM
+    q, k, v = (split_heads(dense(sub, x)) for sub in (layer.query, layer.key, layer.value))
+    if position == "kerple":
+        # Kerple l2-normalises q and k to norm sqrt(d) by default.
+        q = q / np.linalg.norm(q, axis=-1, keepdims=True) * np.sqrt(d)
+        k = k / np.linalg.norm(k, axis=-1, keepdims=True) * np.sqrt(d)
+    order = rotation_order or DEFAULT_ORDER[kernel]
+    rotates = position in ("rope", "string")
+    if rotates and order == "before":
+        rotations = rotation_matrices(layer, position, d, positions)
+        q, k = rotate(q, rotations), rotate(k, rotations)
+    bias = toeplitz_bias(to_numpy(layer.toeplitz.bias), GRID) if position == "kerple" else 0.0
+
+    if kernel == "softmax":
+        weights = softmax(q @ k.swapaxes(-1, -2) / np.sqrt(d) + bias)  # (batch, heads, N, N)
+        out = weights @ v
+    elif kernel == "linformer":
+        key_projection, value_projection = to_numpy(layer.key_projection), to_numpy(layer.value_projection)
+        weights = softmax(q @ (key_projection @ k).swapaxes(-1, -2) / np.sqrt(d))  # (batch, heads, N, k)
+        out = weights @ (value_projection @ v)
+    else:
+        if kernel == "favor":
+            projection = to_numpy(layer.features.projection)
+            phi_q, phi_k = favor_reference(q, projection, True), favor_reference(k, projection, False)
+        elif kernel == "relu":
+            projection = None if deterministic else to_numpy(layer.features.projection)
+            phi_q, phi_k = (relu_reference(y, projection, deterministic) for y in (q, k))
+        else:
+            phi_q, phi_k = exp_reference(q, True), exp_reference(k, False)
+        # w_ij = phi(q_i)^T phi(k_j) exp(b[p_j - p_i]), normalised by its row sum.
+        weights = phi_q @ phi_k.swapaxes(-1, -2) * np.exp(bias)  # (batch, heads, N, N)
+        numerator_weights = weights
+        if rotates and order == "after":
+            # Numerator with rotated features R_i phi(q_i), R_j phi(k_j); normaliser unrotated.
+            rotations = rotation_matrices(layer, position, phi_q.shape[-1], positions)
+            numerator_weights = rotate(phi_q, rotations) @ rotate(phi_k, rotations).swapaxes(-1, -2)
+        out = (numerator_weights @ v) / weights.sum(axis=-1, keepdims=True)
+
+    merged = out.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[1], -1)  # (batch, N, width)
+    return dense(layer.output_dense, merged)
+
+
+# === Test set-up. ===
+
+
+def inputs(seed=0):
+    return np.random.default_rng(seed).normal(size=(BATCH, TOKENS, WIDTH)).astype("float32")
+
+
+def build_with_random_parameters(seed=0, **kwargs):
+    """A built layer whose every learned parameter is non-trivial."""
+    layer = KernelAttention(num_heads=HEADS, grid_size=GRID, num_features=NUM_FEATURES, seed=seed, **kwargs)
+    layer(inputs())
+    rng = np.random.default_rng(seed + 100)
+
+    def randomize(variable, scale):
+        variable.assign(rng.normal(size=variable.shape).astype("float32") * scale)
+
+    # Dense biases start at 0; random ones check that the layer adds them.
+    for sub in (layer.query, layer.key, layer.value, layer.output_dense):
+        randomize(sub.bias, 0.3)
+    if layer.position == "rope" and layer.rope_mixed:
+        randomize(layer.rotation.frequencies, 0.5)
+    if layer.position == "string":
+        # About a radian per patch, so rotations over the 7x7 grid wrap around.
+        randomize(layer.rotation.row_generator, 0.3)
+        randomize(layer.rotation.col_generator, 0.3)
+    if layer.position == "kerple":
+        randomize(layer.toeplitz.bias, 0.5)
+    return layer
+
+
+def check_against_reference(kernel, position, rope_mixed=False, positions=None, **kwargs):
+    layer = build_with_random_parameters(kernel=kernel, position=position, rope_mixed=rope_mixed, **kwargs)
+    x = inputs(1)
+    actual = to_numpy(layer(x) if positions is None else layer(x, positions=positions))
+    expected = reference_attention(
+        layer, x, kernel, position, kwargs.get("rotation_order"), kwargs.get("deterministic", False), positions
+    )
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+# "rope" is the axial RoPE, checked against the frequency formula; "rope_mixed"
+# learns the frequencies, set to random values.
+POSITION_CASES = ("absolute", "rope", "rope_mixed", "string", "kerple")
+COMBINATIONS = [
+    pytest.param(kernel, position, id=f"{kernel}-{position}")
+    for kernel in ("softmax", "favor", "relu", "exp", "linformer")
+    for position in POSITION_CASES
+    if not (kernel == "linformer" and position == "kerple")
+]
+
+
+@pytest.mark.parametrize("kernel, position", COMBINATIONS)
+def test_matches_brute_force_reference(kernel, position):
+    mixed = position == "rope_mixed"
+    check_against_reference(kernel, "rope" if mixed else position, rope_mixed=mixed)
+
+
+@pytest.mark.parametrize(
+    "kernel, position, order",
+    [
+        ("favor", "rope", "after"),
+        ("favor", "string", "after"),
+        ("exp", "string", "after"),
+        ("relu", "rope", "before"),
+        ("relu", "string", "before"),
+    ],
+)
+def test_non_default_rotation_order_matches_reference(kernel, position, order):
+    check_against_reference(kernel, position, rope_mixed=True, rotation_order=order)
+
+
+@pytest.mark.parametrize("position", ["absolute", "rope", "kerple"])
+def test_deterministic_relu_matches_reference(position):
+    # With rope the deterministic features (m = d = 8) are rotated in the numerator.
+    check_against_reference("relu", position, rope_mixed=True, deterministic=True)
+
+
+@pytest.mark.parametrize("kernel, position", [("softmax", "rope"), ("favor", "string"), ("relu", "rope")])
+def test_explicit_positions_argument_matches_reference(kernel, position):
+    # call(..., positions=...) replaces the grid: stretched and shifted coordinates.
+    positions = (grid_positions(GRID) * 1.5 + np.array([0.5, -2.0])).astype("float32")
+    check_against_reference(kernel, position, rope_mixed=True, positions=positions)
+
+
+@pytest.mark.parametrize("position", ["absolute", "kerple", "rope"])
+def test_fused_softmax_matches_explicit(position):
+    explicit = build_with_random_parameters(kernel="softmax", position=position, rope_mixed=True)
+    fused = KernelAttention(
+        num_heads=HEADS, kernel="softmax", position=position, grid_size=GRID, rope_mixed=True, fused=True
+    )
+    x = inputs(2)
+    fused(x)
+    fused.set_weights(explicit.get_weights())
+    np.testing.assert_allclose(to_numpy(fused(x)), to_numpy(explicit(x)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("grid, num_prefix", [((7, 7), 1), ((3, 5), 2), ((4, 3), 0)])
+def test_toeplitz_fft_matches_dense(grid, num_prefix):
+    # Non-square grids catch a swapped row/column; several prefixes the CLS handling.
+    rng = np.random.default_rng(3)
+    layer = ToeplitzBias2D(grid, num_heads=HEADS, num_prefix_tokens=num_prefix)
+    tokens = num_prefix + grid[0] * grid[1]
+    values = rng.normal(size=(BATCH, HEADS, tokens, 5)).astype("float32")
+    layer(values)
+    layer.bias.assign(rng.normal(size=layer.bias.shape).astype("float32") * 0.5)
+    dense_path = to_numpy(layer(values, use_fft=False))
+    fft_path = to_numpy(layer(values, use_fft=True))
+    np.testing.assert_allclose(fft_path, dense_path, rtol=1e-4, atol=1e-4)
+    # And the dense path itself is S_i = sum_j exp(b[p_j - p_i]) u_j.
+    bias = toeplitz_bias(to_numpy(layer.bias), grid, num_prefix)
+    np.testing.assert_allclose(dense_path, np.exp(bias) @ values, rtol=1e-5, atol=1e-5)
+
+
+# === The shared layer contract, covering every kernel and position once. ===
+
+
+@pytest.mark.parametrize(
+    "kwargs, num_trainable, num_non_trainable",
+    [
+        # 4 Dense x (kernel, bias) = 8 trainable, plus what the position and kernel add.
+        pytest.param(dict(kernel="softmax", position="kerple"), 9, 0, id="softmax-kerple"),  # bias table
+        pytest.param(dict(kernel="favor", position="rope", rope_mixed=True), 9, 1, id="favor-rope_mixed"),
+        pytest.param(dict(kernel="relu", position="string"), 10, 1, id="relu-string"),  # 2 generators
+        pytest.param(dict(kernel="exp", position="absolute"), 8, 0, id="exp-absolute"),
+        pytest.param(dict(kernel="linformer", position="rope"), 10, 0, id="linformer-rope"),  # E and F
+        # Redraws add the step counter to the projection.
+        pytest.param(dict(kernel="favor", position="kerple", redraw_interval=3), 9, 2, id="favor-kerple-redraw"),
+    ],
+)
+def test_layer_contract(kwargs, num_trainable, num_non_trainable, tmp_path):
+    run_layer_test(
+        KernelAttention,
+        dict(num_heads=HEADS, grid_size=GRID, num_features=NUM_FEATURES, seed=0, **kwargs),
+        inputs(),
+        expected_output_shape=(BATCH, TOKENS, WIDTH),
+        expected_num_trainable_weights=num_trainable,
+        expected_num_non_trainable_weights=num_non_trainable,
+        tmp_path=tmp_path,
+    )

@@ -1,0 +1,313 @@
+"""Position encodings: layer contract, relative properties, bad arguments, save/load."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.linalg
+import keras
+from keras import ops
+
+from performer_keras import (
+    CirculantString,
+    ExpFeatures,
+    FavorFeatures,
+    KernelAttention,
+    ReluFeatures,
+    RotaryEmbedding2D,
+    ToeplitzBias2D,
+)
+from performer_keras.grid import grid_positions
+from performer_keras.random_features import draw_projection
+
+from layer_test_case import run_layer_test
+
+GRID = (7, 7)
+PATCHES = GRID[0] * GRID[1]
+HEADS, HEAD_DIM = 2, 8
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def to_numpy(tensor):
+    """float64 numpy copy of a tensor or a variable (read through `.value`)."""
+    if isinstance(tensor, keras.Variable):
+        tensor = tensor.value
+    return np.asarray(ops.convert_to_numpy(tensor), dtype="float64")
+
+
+def randomize(variable, scale, rng):
+    variable.assign(rng.normal(size=variable.shape).astype("float32") * scale)
+
+
+def rotation_layer(kind, dim=HEAD_DIM, seed=0):
+    """A built rotation layer with non-trivial parameters: rope, rope_mixed or string."""
+    rng = np.random.default_rng(seed)
+    layer = CirculantString() if kind == "string" else RotaryEmbedding2D(mixed=kind == "rope_mixed")
+    layer.build((None, HEADS, PATCHES, dim), (PATCHES, 2))
+    if kind == "rope_mixed":
+        randomize(layer.frequencies, 0.5, rng)
+    if kind == "string":
+        randomize(layer.row_generator, 0.3, rng)
+        randomize(layer.col_generator, 0.3, rng)
+    return layer
+
+
+def rotate(layer, x, positions):
+    return to_numpy(layer(x.astype("float32"), positions=np.asarray(positions, "float32")))
+
+
+# === The shared layer contract. ===
+
+PATCH_VECTORS = np.random.default_rng(0).normal(size=(2, HEADS, PATCHES, HEAD_DIM)).astype("float32")
+
+
+@pytest.mark.parametrize(
+    "layer_cls, kwargs, num_trainable",
+    [
+        pytest.param(RotaryEmbedding2D, dict(mixed=False, base=50.0), 0, id="rope"),
+        pytest.param(RotaryEmbedding2D, dict(mixed=True), 1, id="rope_mixed"),  # frequencies
+        pytest.param(CirculantString, dict(initializer_stddev=0.3), 2, id="string"),  # row, col generators
+    ],
+)
+def test_rotation_layer_contract(layer_cls, kwargs, num_trainable, tmp_path):
+    run_layer_test(
+        layer_cls,
+        kwargs,
+        PATCH_VECTORS,
+        expected_output_shape=PATCH_VECTORS.shape,
+        expected_num_trainable_weights=num_trainable,
+        expected_num_non_trainable_weights=0,
+        call_kwargs=dict(positions=grid_positions(GRID)),
+        tmp_path=tmp_path,
+    )
+
+
+def test_toeplitz_layer_contract(tmp_path):
+    values = np.random.default_rng(1).normal(size=(2, HEADS, 1 + PATCHES, 5)).astype("float32")
+    run_layer_test(
+        ToeplitzBias2D,
+        dict(grid_size=GRID, num_heads=HEADS, num_prefix_tokens=1),
+        values,
+        expected_output_shape=values.shape,
+        expected_num_trainable_weights=1,  # the bias table
+        expected_num_non_trainable_weights=0,
+        tmp_path=tmp_path,
+        expected_output_dtype="float32",  # documented: the sums are float32
+    )
+
+
+# === Relative positions. ===
+
+ROTATIONS = ["rope", "rope_mixed", "string"]
+
+
+def patch_logits(layer, q, k, positions):
+    """(batch, heads, P, P) q_i^T k_j after rotating both by their positions."""
+    return np.einsum("bhid,bhjd->bhij", rotate(layer, q, positions), rotate(layer, k, positions))
+
+
+@pytest.mark.parametrize("kind", ROTATIONS)
+def test_logits_depend_only_on_relative_position(kind):
+    rng = np.random.default_rng(1)
+    layer = rotation_layer(kind)
+    q, k = rng.normal(size=(2, 2, HEADS, PATCHES, HEAD_DIM))  # each (batch, heads, P, d)
+    grid = grid_positions(GRID)
+    logits = patch_logits(layer, q, k, grid)
+    # A common shift, fractional so nothing lines up with a period by accident.
+    shifted = patch_logits(layer, q, k, grid + np.array([2.5, -1.25]))
+    np.testing.assert_allclose(shifted, logits, rtol=1e-4, atol=1e-4)
+    # The check has teeth: the rotation changes the logits, and so does a
+    # change of the relative positions (the grid stretched twofold).
+    unrotated = np.einsum("bhid,bhjd->bhij", q, k)
+    assert np.max(np.abs(logits - unrotated)) > 0.1
+    assert np.max(np.abs(patch_logits(layer, q, k, 2 * grid) - logits)) > 0.1
+
+
+@pytest.mark.parametrize("kind", ROTATIONS)
+def test_rotations_preserve_norms(kind):
+    layer = rotation_layer(kind)
+    x = np.random.default_rng(2).normal(size=(2, HEADS, PATCHES, HEAD_DIM))
+    for positions in (grid_positions(GRID), 37.5 * grid_positions(GRID)):  # far positions too
+        rotated = rotate(layer, x, positions)
+        assert np.max(np.abs(rotated - x)) > 0.1  # a real rotation
+        np.testing.assert_allclose(np.linalg.norm(rotated, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
+
+
+def rotation_matrices(layer, positions, dim=HEAD_DIM):
+    """(heads, tokens, dim, dim) R(p): the layer applied to the basis vectors e_b gives R's columns."""
+    basis = np.broadcast_to(np.eye(dim)[:, None, None, :], (dim, HEADS, len(positions), dim))
+    columns = rotate(layer, basis, positions)  # (b, heads, tokens, dim): R e_b
+    return np.transpose(columns, (1, 2, 3, 0))
+
+
+@pytest.mark.parametrize("kind", ROTATIONS)
+def test_rotations_compose_relatively(kind):
+    layer = rotation_layer(kind)
+    rng = np.random.default_rng(3)
+    p_i, p_j = rng.uniform(-6, 6, size=(2, 10, 2))  # 10 pairs of (row, col) positions
+    r_i, r_j = rotation_matrices(layer, p_i), rotation_matrices(layer, p_j)
+    r_diff = rotation_matrices(layer, p_j - p_i)
+    # R(p_i)^T R(p_j) = R(p_j - p_i)
+    np.testing.assert_allclose(np.swapaxes(r_i, -1, -2) @ r_j, r_diff, atol=1e-5)
+    np.testing.assert_allclose(np.swapaxes(r_i, -1, -2) @ r_i, np.broadcast_to(np.eye(HEAD_DIM), r_i.shape), atol=1e-5)
+
+
+def test_string_is_the_matrix_exponential_of_circulant_generators():
+    layer = rotation_layer("string")
+    positions = np.random.default_rng(4).uniform(-6, 6, size=(5, 2))
+    rotations = rotation_matrices(layer, positions)
+    d = HEAD_DIM
+    for h in range(HEADS):
+        generators = []
+        for c in (to_numpy(layer.row_generator)[h], to_numpy(layer.col_generator)[h]):
+            circulant = np.array([[c[(i - j) % d] for j in range(d)] for i in range(d)])  # C[i, j] = c[i - j]
+            generators.append(circulant - circulant.T)  # L = C - C^T
+        for t, (row, col) in enumerate(positions):
+            expected = scipy.linalg.expm(row * generators[0] + col * generators[1])
+            np.testing.assert_allclose(rotations[h, t], expected, atol=1e-5)
+
+
+def test_kerple_bias_is_toeplitz():
+    # A non-square grid, so that a swapped row and column offset cannot pass.
+    grid, prefix = (3, 5), 1
+    layer = ToeplitzBias2D(grid, num_heads=HEADS, num_prefix_tokens=prefix)
+    layer.build()
+    table = np.random.default_rng(5).normal(size=layer.bias.shape)
+    layer.bias.assign(table.astype("float32"))
+    bias = to_numpy(layer.bias_matrix())  # (heads, N, N)
+    positions = grid_positions(grid).astype(int)
+    by_offset = {}
+    for i, p_i in enumerate(positions):
+        for j, p_j in enumerate(positions):
+            dr, dc = p_j - p_i
+            value = bias[:, prefix + i, prefix + j]
+            np.testing.assert_allclose(value, table[:, dr + grid[0] - 1, dc + grid[1] - 1], rtol=1e-6)
+            by_offset.setdefault((dr, dc), []).append(value)
+    # Every pair with the same offset p_j - p_i has the same bias, and the
+    # (2H-1) x (2W-1) offsets all occur.
+    assert len(by_offset) == (2 * grid[0] - 1) * (2 * grid[1] - 1)
+    for values in by_offset.values():
+        np.testing.assert_allclose(values, np.broadcast_to(values[0], np.shape(values)))
+    # CLS: bias 0 with every token, both ways.
+    assert np.all(bias[:, :prefix, :] == 0) and np.all(bias[:, :, :prefix] == 0)
+
+
+# === Bad arguments. ===
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        pytest.param(dict(kernel="gaussian"), r"Unknown kernel 'gaussian'.*'softmax'.*'linformer'", id="kernel"),
+        pytest.param(dict(position="sinusoidal"), r"Unknown position 'sinusoidal'.*'absolute'.*'kerple'", id="position"),
+        pytest.param(dict(kernel="favor", num_features=0), r"num_features must be an integer >= 1, got 0", id="features-0"),
+        pytest.param(dict(kernel="favor", num_features=-3), r"num_features must be an integer >= 1, got -3", id="features-neg"),
+        pytest.param(dict(kernel="softmax", rotation_order="after"), r"rotation_order='after'.*'softmax'.*'before'", id="after-softmax"),
+        pytest.param(dict(kernel="favor", rotation_order="sideways"), r"Unknown rotation_order 'sideways'.*'before', 'after'", id="order"),
+        pytest.param(dict(position="rope"), r"position 'rope' needs grid_size", id="rope-no-grid"),
+        pytest.param(dict(position="kerple"), r"position 'kerple' needs grid_size", id="kerple-no-grid"),
+        pytest.param(
+            dict(kernel="linformer", position="kerple", grid_size=GRID),
+            r"kernel 'linformer'.*position one of \('absolute', 'rope', 'string'\)",
+            id="linformer-kerple",
+        ),
+    ],
+)
+def test_bad_arguments_raise_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        KernelAttention(num_heads=2, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param(dict(kernel="softmax"), id="head-dim-6"),  # width 12, 2 heads: head_dim 6
+        pytest.param(dict(kernel="relu", num_features=6, rotation_order="after"), id="features-6"),
+    ],
+)
+def test_rope_dimension_not_divisible_by_4_raises(kwargs):
+    # Only known once the input width is: raised when the layer is built.
+    layer = KernelAttention(num_heads=2, position="rope", grid_size=GRID, **kwargs)
+    with pytest.raises(ValueError, match=r"divisible by 4; got 6"):
+        layer(np.zeros((1, 1 + PATCHES, 12), "float32"))
+
+
+# === Save and reload in a fresh process. ===
+
+COMBINATIONS = [
+    (kernel, position)
+    for kernel in ("softmax", "favor", "relu", "exp", "linformer")
+    for position in ("absolute", "rope", "string", "kerple")
+    if not (kernel == "linformer" and position == "kerple")
+]
+
+RELOAD_SCRIPT = """
+import sys
+import numpy as np
+import keras
+import performer_keras  # registers the classes
+
+model = keras.saving.load_model(sys.argv[1])
+x = np.load(sys.argv[2])
+outputs = model.predict(x, verbose=0)
+np.savez(sys.argv[3], *outputs)
+"""
+
+
+def randomize_all(layer, rng):
+    """Give every weight, trainable or not, a value a fresh build would not reproduce."""
+    for weight in layer.weights:
+        if weight.path.endswith("projection") and "features" in weight.path:
+            # Another valid projection (a fresh build with the same seed would redraw the old one).
+            weight.assign(draw_projection(*weight.shape, True, int(rng.integers(1 << 30))))
+        elif keras.backend.is_float_dtype(weight.dtype):
+            randomize(weight, 0.3, rng)
+
+
+def test_saved_model_predicts_identically_in_a_fresh_process(tmp_path):
+    rng = np.random.default_rng(6)
+    width = HEADS * HEAD_DIM
+    inputs = keras.Input((1 + PATCHES, width))
+    outputs = []
+    for kernel, position in COMBINATIONS:
+        layer = KernelAttention(
+            HEADS, kernel, position, grid_size=GRID, num_features=16, rope_mixed=True, seed=0,
+            name=f"{kernel}_{position}",
+        )
+        outputs.append(layer(inputs))
+    # The building blocks on their own, on a (batch, heads, N, head_dim) view of the input.
+    heads = keras.layers.Permute((2, 1, 3))(keras.layers.Reshape((1 + PATCHES, HEADS, HEAD_DIM))(inputs))
+    patches = heads[:, :, 1:]
+    positions = grid_positions(GRID)
+    outputs += list(FavorFeatures(16, name="favor_features")(heads, heads))
+    outputs += list(ReluFeatures(16, name="relu_features")(heads, heads))
+    outputs += list(ExpFeatures(name="exp_features")(heads, heads))
+    outputs.append(RotaryEmbedding2D(mixed=True, name="rope_mixed")(patches, positions=positions))
+    outputs.append(CirculantString(name="string")(patches, positions=positions))
+    outputs.append(ToeplitzBias2D(GRID, HEADS, name="kerple")(heads))
+    model = keras.Model(inputs, outputs)
+    for layer in model.layers:
+        randomize_all(layer, rng)
+
+    x = rng.normal(size=(2, 1 + PATCHES, width)).astype("float32")
+    expected = model.predict(x, verbose=0)
+    model_path, x_path, out_path = tmp_path / "all_layers.keras", tmp_path / "x.npy", tmp_path / "out.npz"
+    model.save(model_path)
+    np.save(x_path, x)
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
+    # The same backend as this process, whichever was chosen.
+    env["KERAS_BACKEND"] = keras.backend.backend()
+    result = subprocess.run(
+        [sys.executable, "-c", RELOAD_SCRIPT, str(model_path), str(x_path), str(out_path)],
+        env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with np.load(out_path) as reloaded:
+        actual = [reloaded[f"arr_{i}"] for i in range(len(reloaded.files))]
+    assert len(actual) == len(expected)
+    for (name, want), got in zip(zip(model.output_names, expected), actual):
+        # Same backend, same weights, same ops: equal up to float32 round-off.
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=name)
