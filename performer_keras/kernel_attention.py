@@ -7,7 +7,9 @@ from performer_keras.circulant_string import CirculantString
 from performer_keras.exp_features import ExpFeatures
 from performer_keras.favor_features import FavorFeatures
 from performer_keras.grid import grid_positions
-from performer_keras.options import KERNELS, POSITIONS, ROTATION_ORDERS, check_choice, check_positive
+from performer_keras.options import (
+    KERNELS, POSITIONS, ROTATION_ORDERS, check_choice, check_non_negative, check_positive,
+)
 from performer_keras.relu_features import ReluFeatures
 from performer_keras.rotary_embedding_2d import RotaryEmbedding2D
 from performer_keras.toeplitz_bias_2d import ToeplitzBias2D
@@ -121,7 +123,7 @@ class KernelAttention(keras.layers.Layer):
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.num_features = check_positive("num_features", num_features)
         self.orthogonal = bool(orthogonal)
-        self.redraw_interval = redraw_interval
+        self.redraw_interval = check_non_negative("redraw_interval", redraw_interval)
         self.deterministic = bool(deterministic)
         self.rotation_order = rotation_order
         self.rope_mixed = bool(rope_mixed)
@@ -188,19 +190,22 @@ class KernelAttention(keras.layers.Layer):
         self.patch_positions = None if self.grid_size is None else grid_positions(self.grid_size)
         if self.position in ROTATIONS:
             patches = self.grid_size[0] * self.grid_size[1]
+            # Rotated features are float32: keep Keras from casting them to the compute dtype.
+            common = dict(dtype=self.dtype_policy, autocast=self.order == "before")
             if self.position == "rope":
-                self.rotation = RotaryEmbedding2D(mixed=self.rope_mixed, name="rope", dtype=self.dtype_policy)
+                self.rotation = RotaryEmbedding2D(mixed=self.rope_mixed, name="rope", **common)
             else:
-                self.rotation = CirculantString(name="string", dtype=self.dtype_policy)
+                self.rotation = CirculantString(name="string", **common)
             self.rotation.build((None, self.num_heads, patches, rotated_dim), (patches, 2))
         if self.position == "kerple":
             self.toeplitz = ToeplitzBias2D(
-                self.grid_size, self.num_heads, self.num_prefix_tokens, name="kerple", dtype=self.dtype_policy
+                self.grid_size, self.num_heads, self.num_prefix_tokens, name="kerple",
+                dtype=self.dtype_policy, autocast=False,
             )
             self.toeplitz.build()
 
     def _make_features(self):
-        common = dict(name="features", dtype=self.dtype_policy)
+        common = dict(name="features", dtype=self.dtype_policy, autocast=False)
         if self.kernel == "exp":
             return ExpFeatures(**common)
         random = dict(

@@ -19,3 +19,10 @@ def check_positive(argument, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{argument} must be an integer >= 1, got {value!r}")
     return value
+
+
+def check_non_negative(argument, value):
+    """Return `value` if it is an integer >= 0, else raise a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{argument} must be an integer >= 0, got {value!r}")
+    return value

@@ -15,7 +15,7 @@ inside the layer give the same schedule on every backend; at inference
 import keras
 from keras import ops
 
-from performer_keras.options import check_positive
+from performer_keras.options import check_non_negative, check_positive
 
 
 def draw_projection(num_features, dim, orthogonal, seed):
@@ -66,11 +66,7 @@ class RandomFeatures(keras.layers.Layer):
         super().__init__(**kwargs)
         self.num_features = check_positive("num_features", num_features)
         self.orthogonal = bool(orthogonal)
-        if isinstance(redraw_interval, bool) or int(redraw_interval) != redraw_interval or redraw_interval < 0:
-            raise ValueError(
-                f"redraw_interval must be an integer >= 0 (0 = never), got {redraw_interval!r}"
-            )
-        self.redraw_interval = int(redraw_interval)
+        self.redraw_interval = check_non_negative("redraw_interval", redraw_interval)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed, name="seed_generator")
 
@@ -104,9 +100,14 @@ class RandomFeatures(keras.layers.Layer):
         if training and self.redraw_interval:
             self.step.assign(self.step + 1)
             due = ops.equal(ops.mod(self.step, self.redraw_interval), 0)
+            # Keras does not save a SeedGenerator's state with the weights, so the
+            # draw is made a function of (seed, step) alone: a run resumed from a
+            # backup redraws exactly the features of the uninterrupted run.
+            state = self.seed_generator.state
+            state.assign(ops.stack([state[0], ops.cast(self.step, state.dtype) * 2]))
             # `.value`: JAX's where rejects a Variable inside a jitted train step.
             self.projection.assign(ops.where(due, self.draw(), self.projection.value))
-        return ops.cast(self.projection, self.compute_dtype)
+        return self.projection.value
 
     def call(self, queries, keys, training=None):
         return self.feature_map(queries, keys, self.current_projection(training))

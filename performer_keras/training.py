@@ -123,14 +123,18 @@ def copy_shared_weights(model, checkpoint):
     return {"checkpoint": str(checkpoint), "copied": copied, "not_copied": kept}
 
 
-def log_hparams(log_dir, config):
-    """Write the run's hyperparameters for TensorBoard's HParams dashboard."""
+def log_hparams(log_dir, config, trial_id=None):
+    """Write the run's hyperparameters for TensorBoard's HParams dashboard.
+
+    `trial_id` names the run in the dashboard (default: the run folder's name);
+    the tuner passes ids that stay unique across variants and datasets.
+    """
     import tensorflow as tf
     from tensorboard.plugins.hparams import api as hparams_api
 
     values = {k: (v if isinstance(v, (bool, int, float, str)) else str(v)) for k, v in config.to_dict().items()}
     with tf.summary.create_file_writer(str(log_dir)).as_default():
-        hparams_api.hparams(values, trial_id=Path(log_dir).parent.name)
+        hparams_api.hparams(values, trial_id=trial_id or Path(log_dir).parent.name)
 
 
 def build_optimizer(config, steps_per_epoch):

@@ -1,0 +1,218 @@
+"""train.py and evaluate.py end to end on subsampled real MNIST with tiny models.
+
+Each run is a real subprocess, as a user runs it, so exit codes, one-line
+errors and kill -9 behave as they do on the command line.
+"""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["--size", "tiny", "--limit", "400", "--batch-size", "32"]
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
+
+
+def run(*args, check=True, script="train.py"):
+    result = subprocess.run(
+        [sys.executable, str(REPO / script), *map(str, args)],
+        capture_output=True, text=True, env=ENV, cwd=REPO,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def metrics(folder):
+    return json.loads((Path(folder) / "metrics.json").read_text())
+
+
+def last_line(text):
+    return [line for line in text.strip().splitlines() if line.strip()][-1]
+
+
+@pytest.mark.parametrize("variant", ["softmax-absolute", "favor-rope", "relu-string", "favor-kerple"])
+def test_each_kernel_family_trains_and_evaluates(tmp_path, variant):
+    out = tmp_path / "run"
+    run("--variant", variant, *TINY, "--epochs", "1", "--out", out)
+    for name in ("config.json", "history.csv", "best.keras", "metrics.json", "throughput.json", "confusion_matrix.png"):
+        assert (out / name).exists(), name
+    assert not (out / "backup").exists()  # a finished run leaves no backup behind
+    trained = metrics(out)
+    assert trained["variant"] == variant and trained["dataset"] == "mnist"
+    assert 0.0 <= trained["test_accuracy"] <= 1.0
+    throughput = json.loads((out / "throughput.json").read_text())
+    assert throughput["pipeline_images_per_second"] > 0 and throughput["training_images_per_second"] > 0
+    # evaluate.py on the same folder reproduces the figures that do not depend on timing.
+    (out / "metrics.json").unlink()
+    run(out, script="evaluate.py")
+    again = metrics(out)
+    assert again["confusion_matrix"] == trained["confusion_matrix"]
+    for key in ("test_accuracy", "log_likelihood", "aic", "bic", "params", "flops_per_image"):
+        assert again[key] == pytest.approx(trained[key], rel=1e-6), key
+
+
+def test_hparams_logged_for_tensorboard(tmp_path):
+    import tensorflow as tf
+
+    out = tmp_path / "run"
+    run(*TINY, "--epochs", "1", "--out", out)
+    plugins = {
+        value.metadata.plugin_data.plugin_name
+        for events in (out / "logs").rglob("events.out.tfevents*")
+        for event in tf.compat.v1.train.summary_iterator(str(events))
+        for value in event.summary.value
+    }
+    assert {"hparams", "scalars"} <= plugins
+    with open(out / "history.csv") as f:
+        row = next(csv.DictReader(f))
+    assert float(row["learning_rate"]) >= 0 and float(row["epoch_seconds"]) > 0
+
+
+def test_same_seed_same_metrics_and_resume_after_kill(tmp_path):
+    args = ["--variant", "favor-absolute", "--size", "tiny", "--limit", "3000", "--batch-size", "16",
+            "--epochs", "3", "--redraw-interval", "7"]
+    reference = tmp_path / "uninterrupted"
+    run(*args, "--out", reference)
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args, "--out", str(killed)],
+        env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    metadata = killed / "backup" / "training_metadata.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if metadata.exists():
+            try:
+                if json.loads(metadata.read_text())["epoch"] >= 1:
+                    break
+            except ValueError:  # caught mid-write
+                pass
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed / "metrics.json").exists(), "the run finished before it could be killed"
+    assert metadata.exists()
+
+    run(*args, "--out", killed)  # the same command resumes
+    with open(killed / "history.csv") as f:
+        epochs = [int(row["epoch"]) for row in csv.DictReader(f)]
+    assert epochs == [0, 1, 2]
+    resumed, uninterrupted = metrics(killed), metrics(reference)
+    assert resumed["confusion_matrix"] == uninterrupted["confusion_matrix"]
+    for key in ("test_accuracy", "log_likelihood"):
+        assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-5), key
+
+    again = tmp_path / "same_seed"
+    run(*args, "--out", again)
+    assert metrics(again)["log_likelihood"] == pytest.approx(uninterrupted["log_likelihood"], rel=1e-5)
+
+
+def test_finished_run_is_not_trained_again(tmp_path):
+    out = tmp_path / "run"
+    run(*TINY, "--epochs", "1", "--out", out)
+    before = (out / "metrics.json").stat().st_mtime_ns
+    run(*TINY, "--epochs", "1", "--out", out)
+    assert (out / "metrics.json").stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--variant", "favor-nope"], "Unknown position 'nope'"),
+        (["--variant", "magic-rope"], "Unknown attention 'magic'"),
+        (["--dataset", "no_such_dataset_xyz"], "mnist"),
+        (["--batch-size", "0"], "batch_size"),
+        (["--num-features", "0"], "num_features"),
+        (["--hparams", "/no/such/file.json"], "cannot read --hparams"),
+        (["--init-from", "/no/such/model.keras"], "cannot read --init-from"),
+        (["--precision", "float8"], "Unknown precision"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
+    result = run(*TINY, "--epochs", "1", *args, "--out", tmp_path / "run", check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in last_line(result.stderr)
+    assert "Traceback" not in result.stderr
+
+
+def test_other_run_in_out_folder_is_refused_and_untouched(tmp_path):
+    out = tmp_path / "run"
+    run(*TINY, "--epochs", "1", "--out", out)
+    config_before = (out / "config.json").read_text()
+    metrics_before = (out / "metrics.json").read_text()
+    result = run(*TINY, "--epochs", "1", "--learning-rate", "0.01", "--out", out, check=False)
+    assert result.returncode == 2
+    assert "holds a different run" in last_line(result.stderr) and "learning_rate" in last_line(result.stderr)
+    assert (out / "config.json").read_text() == config_before
+    assert (out / "metrics.json").read_text() == metrics_before
+
+
+def test_hparams_file_sets_the_run(tmp_path):
+    hparams = tmp_path / "best_hparams.json"
+    hparams.write_text(json.dumps({"hyperparameters": {"learning_rate": 0.002, "num_features": 8}, "trial_id": "0"}))
+    out = tmp_path / "run"
+    run("--variant", "favor-absolute", *TINY, "--epochs", "1", "--hparams", hparams, "--num-features", "12", "--out", out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["learning_rate"] == 0.002
+    assert config["num_features"] == 12  # an explicit flag beats the file
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"learning_rat": 0.1}))
+    result = run(*TINY, "--hparams", bad, "--out", tmp_path / "other", check=False)
+    assert result.returncode == 2 and "unknown keys ['learning_rat']" in last_line(result.stderr)
+
+
+def test_init_from_softmax_copies_shared_weights(tmp_path):
+    import keras
+
+    import performer_keras  # noqa: F401  registers the layers for load_model
+
+    softmax = tmp_path / "softmax"
+    run(*TINY, "--epochs", "1", "--out", softmax)
+    performer = tmp_path / "favor"
+    run("--variant", "favor-absolute", *TINY, "--epochs", "1", "--learning-rate", "1e-9",
+        "--init-from", softmax / "best.keras", "--out", performer)
+    record = json.loads((performer / "init_from.json").read_text())
+    assert "block_0_attention/query/kernel" in record["copied"]
+    assert "patch_embedding/kernel" in record["copied"]
+    assert "block_0_attention/features/projection" in record["not_copied"]
+    # With a vanishing learning rate the copied weights are still the softmax model's.
+    source = keras.models.load_model(softmax / "best.keras")
+    target = keras.models.load_model(performer / "best.keras")
+    source_weights = {v.path: np.asarray(v) for v in source.weights}
+    for variable in target.weights:
+        if variable.path == "block_0_attention/query/kernel":
+            np.testing.assert_allclose(np.asarray(variable), source_weights[variable.path], atol=1e-6)
+
+
+def test_export_serves_uint8_with_the_same_predictions(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    import performer_keras  # noqa: F401
+    from performer_keras.data import load_dataset
+
+    out, export = tmp_path / "run", tmp_path / "export"
+    run("--variant", "relu-rope", *TINY, "--epochs", "1", "--out", out, "--export", export)
+    images = load_dataset("mnist", limit=64).test[0]
+    served = tf.saved_model.load(str(export)).serve(tf.constant(images, tf.uint8)).numpy()
+    model = keras.models.load_model(out / "best.keras")
+    np.testing.assert_allclose(served, model.predict(images.astype("float32"), verbose=0), atol=1e-5)
+    np.testing.assert_allclose(served.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_nan_loss_stops_with_a_message(tmp_path):
+    result = run(*TINY, "--epochs", "2", "--learning-rate", "1e30", "--out", tmp_path / "run", check=False)
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "NaN/Inf loss" in last_line(result.stderr)
+    assert not (tmp_path / "run" / "metrics.json").exists()

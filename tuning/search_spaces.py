@@ -1,0 +1,229 @@
+"""What the tuner searches, per kernel, in one readable place (STYLE rule 8).
+
+Every variant searches the optimizer's learning rate and weight decay; `favor`
+and `relu` also search their number of random features m, and `favor` how
+often it redraws them. A variant never searches what it does not use: softmax,
+exp and linformer have no random features, and relu with `--deterministic`
+(phi(x) = ReLU(x), no projection) has none either.
+
+Command, time and accuracy of the default search (the `small` size, Hyperband
+over at most 10 epochs per trial on the bundled MNIST, 2 CPU cores):
+
+    python -m tuning favor-rope --dataset mnist
+
+    about 30 trials, most of them 1 to 3 epochs long; roughly 1 to 2 minutes
+    per epoch of the `small` model on 2 CPU cores, so expect a few hours
+    (a GPU: minutes). Expected best validation accuracy about 0.97 to 0.98
+    for every kernel (an estimate from the `small` profile, not yet measured
+    by a full search). A smoke search of the `tiny` model:
+
+    python -m tuning favor-rope --dataset mnist --size tiny --limit 300 \\
+        --epochs 1 --algorithm random --max-trials 3
+
+    takes well under a minute and reaches about 0.2 to 0.4 (300 images).
+
+Narrow or widen a space from the command line (repeatable) or a JSON file:
+
+    --space learning_rate=3e-4:1e-3     a log-uniform range low:high
+    --space num_features=32,64          a choice among values
+    --space redraw_interval=0           one value: fixed, not searched
+    --space-file space.json             {"learning_rate": "3e-4:1e-3",
+                                         "num_features": [32, 64]}
+
+Keys are `RunConfig` field names, so a trial's hyperparameters are a
+`RunConfig` and `best_hparams.json` feeds `train.py --hparams` as it is.
+"""
+
+import dataclasses
+import json
+
+from performer_keras.options import KERNELS
+
+
+class SearchError(ValueError):
+    """Bad input to a search (a space, an option, a results folder); one line for the user."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LogUniform:
+    """A float drawn log-uniformly from [low, high]."""
+
+    low: float
+    high: float
+
+    def declare(self, hp, name):
+        return hp.Float(name, self.low, self.high, sampling="log")
+
+    def to_json(self):
+        return {"log_uniform": [self.low, self.high]}
+
+    def __str__(self):
+        return f"{self.low:g}:{self.high:g} (log-uniform)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One of `values`; a single value is fixed, not searched."""
+
+    values: tuple
+
+    def declare(self, hp, name):
+        if len(self.values) == 1:
+            return hp.Fixed(name, self.values[0])
+        return hp.Choice(name, list(self.values))
+
+    def to_json(self):
+        return {"choice": list(self.values)}
+
+    def __str__(self):
+        return ",".join(f"{v:g}" for v in self.values) + (" (fixed)" if len(self.values) == 1 else "")
+
+
+# === The spaces ===
+
+OPTIMIZER = {
+    "learning_rate": LogUniform(1e-4, 3e-3),
+    "weight_decay": LogUniform(1e-3, 0.3),
+}
+RANDOM_FEATURES = {"num_features": Choice((16, 32, 64, 128, 256))}
+# Steps between redraws of favor's projection; 0 keeps the first draw.
+REDRAW = {"redraw_interval": Choice((0, 100, 1000))}
+
+SEARCH_SPACES = {
+    "softmax": {**OPTIMIZER},
+    "favor": {**OPTIMIZER, **RANDOM_FEATURES, **REDRAW},
+    "relu": {**OPTIMIZER, **RANDOM_FEATURES},
+    "exp": {**OPTIMIZER},
+    "linformer": {**OPTIMIZER},
+}
+assert set(SEARCH_SPACES) == set(KERNELS)
+
+# The type and the valid values of every hyperparameter a space may hold.
+VALUE_RULES = {
+    # name              type   valid when        said as
+    "learning_rate": (float, lambda v: v > 0, "> 0"),
+    "weight_decay": (float, lambda v: v >= 0, ">= 0"),
+    "num_features": (int, lambda v: v >= 1, ">= 1"),
+    "redraw_interval": (int, lambda v: v >= 0, ">= 0 (0 = never)"),
+}
+
+
+def default_space(config):
+    """The space of `config`'s kernel (a `RunConfig`), less what its options switch off."""
+    space = dict(SEARCH_SPACES[config.attention])
+    if config.attention == "relu" and config.deterministic:
+        space.pop("num_features")  # phi(x) = ReLU(x) has no random features
+    return space
+
+
+def space_for(config, overrides=None, strict=True):
+    """`default_space(config)` with `overrides` ({name: LogUniform | Choice}) applied.
+
+    With `strict`, an override of a hyperparameter the variant does not use is
+    an error; otherwise (a sweep over several variants) it is skipped here.
+    """
+    space = default_space(config)
+    for name, dimension in (overrides or {}).items():
+        if name not in space:
+            if strict:
+                raise SearchError(
+                    f"{config.variant} does not use {name}; its space holds {sorted(space)}"
+                )
+            continue
+        space[name] = dimension
+    return space
+
+
+def declare(hp, space):
+    """Declare every dimension of `space` on a KerasTuner `hp`; return {name: value}."""
+    return {name: dimension.declare(hp, name) for name, dimension in space.items()}
+
+
+def space_to_json(space):
+    return {name: space[name].to_json() for name in sorted(space)}
+
+
+def describe(space):
+    """One line per hyperparameter, for `--show-space` and the summary."""
+    return "\n".join(f"{name:16s} {space[name]}" for name in sorted(space))
+
+
+# === Reading overrides ===
+
+
+def parse_overrides(pairs=(), space_file=None):
+    """{name: dimension} from `--space NAME=VALUES` pairs and a `--space-file` JSON.
+
+    The command line wins over the file for the same name.
+    """
+    overrides = {}
+    if space_file is not None:
+        try:
+            with open(space_file) as f:
+                loaded = json.load(f)
+        except (OSError, ValueError) as error:
+            raise SearchError(f"cannot read --space-file {space_file}: {error}") from None
+        if not isinstance(loaded, dict):
+            raise SearchError(f"--space-file {space_file} must hold a JSON object {{name: values}}")
+        for name, value in loaded.items():
+            overrides[name] = parse_dimension(name, value)
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep:
+            raise SearchError(f"--space takes NAME=VALUES (e.g. num_features=32,64), got {pair!r}")
+        overrides[name.strip()] = parse_dimension(name.strip(), text)
+    return overrides
+
+
+def parse_dimension(name, value):
+    """A dimension from 'low:high', 'a,b,c', 'a', a JSON list, number, or `to_json` object."""
+    if name not in VALUE_RULES:
+        raise SearchError(f"Unknown hyperparameter {name!r}; expected one of {tuple(VALUE_RULES)}")
+    kind, valid, said = VALUE_RULES[name]
+    if isinstance(value, dict) and len(value) == 1 and "log_uniform" in value:
+        value = value["log_uniform"]
+        if not (isinstance(value, list) and len(value) == 2):
+            raise SearchError(f"{name}: log_uniform takes [low, high], got {value!r}")
+        low, high = (_number(name, kind, v) for v in value)
+        return _range(name, kind, valid, said, low, high)
+    if isinstance(value, dict) and len(value) == 1 and "choice" in value:
+        value = value["choice"]
+    if isinstance(value, str):
+        if ":" in value:
+            low, _, high = value.partition(":")
+            return _range(name, kind, valid, said, _number(name, kind, low), _number(name, kind, high))
+        value = [v for v in value.split(",") if v.strip()] if value.strip() else []
+    if not isinstance(value, list):
+        value = [value]
+    values = tuple(_number(name, kind, v) for v in value)
+    if not values:
+        raise SearchError(f"the space of {name} is empty; give at least one value")
+    if len(set(values)) != len(values):
+        raise SearchError(f"{name} repeats a value: {list(values)}")
+    for v in values:
+        if not valid(v):
+            raise SearchError(f"{name} must be {said}, got {v!r}")
+    return Choice(tuple(sorted(values)))
+
+
+def _range(name, kind, valid, said, low, high):
+    if kind is not float:
+        raise SearchError(f"{name} takes a list of values (e.g. {name}=32,64), not a range")
+    if not (low > 0 and valid(low) and valid(high)):
+        raise SearchError(f"a log-uniform range of {name} needs 0 < low, got {low:g}:{high:g}")
+    if not low < high:
+        raise SearchError(f"the range of {name} is empty: {low:g}:{high:g} (need low < high)")
+    return LogUniform(low, high)
+
+
+def _number(name, kind, value):
+    if isinstance(value, bool):
+        raise SearchError(f"{name} takes {kind.__name__} values, got {value!r}")
+    try:
+        if kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value) if not isinstance(value, str) else int(value.strip())
+        return float(value)
+    except (TypeError, ValueError):
+        raise SearchError(f"{name} takes {kind.__name__} values, got {value!r}") from None
