@@ -3,7 +3,7 @@
 Examples:
     python train.py --variant favor-rope --dataset cifar10 --epochs 30
     python train.py --attention relu --position string --size reference --precision mixed_bfloat16
-    python train.py --hparams tuning_results/favor-rope/best_hparams.json --export exported/
+    python train.py --hparams tuning_results/mnist/favor-rope/best_hparams.json --export exported/
 
 Bad input exits with code 2 and one line on stderr; a diverged run with code 3.
 """

@@ -20,7 +20,10 @@ trials are not run again and a trial cut short by a kill runs again from its
 start. Every trial seeds Keras with its config's seed before it builds the
 model, the input pipeline depends on (seed, epoch) only, the oracle draws from
 its saved seed state, and trials are re-read in id order; so a resumed search
-proposes and measures exactly what an uninterrupted one would. All trials
+proposes and measures exactly what an uninterrupted one would. Hyperband's
+trials are trained from scratch for their epoch budget (KerasTuner's own
+Hyperband tuner would continue the previous round's weights), so that every
+trial, whatever the algorithm, is one complete `train.py` run. All trials
 share the search seed (common random numbers): they differ in their
 hyperparameters only, and `train.py --hparams best_hparams.json` repeats the
 best trial, its initialization and data order included.
@@ -268,10 +271,12 @@ def make_oracle(search):
 # === The search ===
 
 
-def run_search(search, out_dir, verbose=1):
+def run_search(search, out_dir, verbose=1, splits=None):
     """Run (or resume) `search` in `out_dir`; write best_hparams.json and summary.md.
 
-    Returns {"out_dir", "best": row, "trials": [row, ...]} with rows as in `collect_trials`.
+    `splits`: the loaded dataset, when the caller has it already.
+    Returns {"out_dir", "best": row, "trials": [row, ...], "splits"} with rows
+    as in `collect_trials`.
 
     Raises:
         SearchError, RunError, DataError: bad input; nothing existing was touched.
@@ -280,7 +285,8 @@ def run_search(search, out_dir, verbose=1):
     out_dir = Path(out_dir)
     check_search_folder(search, out_dir)
     config = search.base_config
-    splits = data.load_dataset(config.dataset, limit=config.limit)
+    if splits is None:
+        splits = data.load_dataset(config.dataset, limit=config.limit)
     hypermodel = VitHyperModel(config, search.space, splits)
     _check_trainable(hypermodel)
     oracle = make_oracle(search)
@@ -303,7 +309,7 @@ def run_search(search, out_dir, verbose=1):
         "searched": sorted(search.space),
         "objective": f"{OBJECTIVE} (best epoch, validation split)",
     })
-    return {"out_dir": out_dir, "best": best, "trials": rows}
+    return {"out_dir": out_dir, "best": best, "trials": rows, "splits": splits}
 
 
 def _check_trainable(hypermodel):

@@ -7,20 +7,22 @@ exp and linformer have no random features, and relu with `--deterministic`
 (phi(x) = ReLU(x), no projection) has none either.
 
 Command, time and accuracy of the default search (the `small` size, Hyperband
-over at most 10 epochs per trial on the bundled MNIST, 2 CPU cores):
+over at most 10 epochs per trial on the bundled MNIST):
 
     python -m tuning favor-rope --dataset mnist
 
-    about 30 trials, most of them 1 to 3 epochs long; roughly 1 to 2 minutes
-    per epoch of the `small` model on 2 CPU cores, so expect a few hours
-    (a GPU: minutes). Expected best validation accuracy about 0.97 to 0.98
-    for every kernel (an estimate from the `small` profile, not yet measured
-    by a full search). A smoke search of the `tiny` model:
+    30 trials, each trained from scratch: 12 of 2 epochs, 10 of 4 and 8 of
+    10, 144 epochs in all. An epoch of the `small` model on the 55,000
+    training images takes about 3 minutes on 2 CPU cores, so expect about 7
+    hours (a GPU: about an hour or less); `--max-trials`, `--epochs` and
+    `--limit` shorten it. Expected best validation accuracy:
+    about 0.98 for every kernel (an estimate from the `small` profile, not yet
+    measured by a full search). A smoke search of the `tiny` model:
 
     python -m tuning favor-rope --dataset mnist --size tiny --limit 300 \\
-        --epochs 1 --algorithm random --max-trials 3
+        --batch-size 150 --epochs 1 --algorithm random --max-trials 3
 
-    takes well under a minute and reaches about 0.2 to 0.4 (300 images).
+    takes under a minute and reaches about 0.1 (2 steps on 300 images).
 
 Narrow or widen a space from the command line (repeatable) or a JSON file:
 

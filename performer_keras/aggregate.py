@@ -1,0 +1,222 @@
+"""Statistics of a benchmark over seeds, read from its run folders.
+
+A cell is one row of a results table: runs of the same settings that differ
+only in their seed, one run folder `seed<k>/` each, all in one cell folder
+(`runs/mnist/favor-rope/`). `aggregate` reads every finished run (a folder with
+metrics.json) of every planned cell and returns one JSON-ready dict:
+
+* per cell, each metric's mean, sample standard deviation (ddof=1), min, max
+  and 95% confidence interval of the mean over seeds, Student t:
+      mean +- t_{0.975, n-1} * std / sqrt(n)       (null for n < 2)
+  for test accuracy, macro F1, log-likelihood, AIC, BIC, training seconds per
+  epoch and inference ms per image; parameters and FLOPs (equal for every
+  seed); epochs to 90/95/99% validation accuracy (mean over the seeds that
+  got there, and how many did); the validation accuracy curve's mean and std
+  per epoch;
+* paired comparisons over the seeds two cells share: d_s = acc_s(cell) -
+  acc_s(baseline), summarised like a metric. Seed s of two variants shares
+  its data order, so pairing removes the seed's own luck from the gap.
+  Each row of the main table is compared with softmax-absolute (the plain
+  softmax ViT) and with softmax at the same position; each init-from run
+  with the same variant trained from scratch.
+
+Pure Python, numpy and scipy: no Keras, so it runs anywhere the JSON is read.
+"""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+CONFIDENCE = 0.95
+BASELINE = "softmax-absolute"
+# Metrics summarised over seeds (mean, std, min, max, interval).
+SUMMARISED = (
+    "test_accuracy", "macro_f1", "log_likelihood", "aic", "bic",
+    "train_seconds_per_epoch", "latency_ms_batch1", "latency_ms_batch256",
+)
+# Properties of the architecture, equal for every seed.
+CONSTANT = ("params", "flops_per_image")
+EPOCHS_TO = ("epochs_to_90", "epochs_to_95", "epochs_to_99")
+PER_SEED = SUMMARISED + CONSTANT + EPOCHS_TO + ("device", "backend")
+
+
+def summarize(values):
+    """n, mean, std (ddof=1), min, max and the 95% Student-t interval of `values`.
+
+    None values are dropped; no value at all gives None. With one value the
+    spread is unknown: std and ci95 are None.
+    """
+    values = [float(v) for v in values if v is not None]
+    if not values:
+        return None
+    n = len(values)
+    mean = float(np.mean(values))
+    std = float(np.std(values, ddof=1)) if n > 1 else None
+    if n > 1:
+        half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * std / math.sqrt(n)
+        ci95 = [mean - half, mean + half]
+    else:
+        ci95 = None
+    return {"n": n, "mean": mean, "std": std, "min": min(values), "max": max(values), "ci95": ci95}
+
+
+def paired_difference(values, baseline):
+    """Summary of values[s] - baseline[s] over the seeds s both have (dicts seed -> value).
+
+    Returns the `summarize` dict plus "seeds" (the common seeds), or None when
+    no seed is shared.
+    """
+    seeds = sorted(s for s in set(values) & set(baseline) if values[s] is not None and baseline[s] is not None)
+    if not seeds:
+        return None
+    return {"seeds": seeds, **summarize([values[s] - baseline[s] for s in seeds])}
+
+
+def epochs_to_summary(values):
+    """{"reached": k, "of": n, "mean": mean over the k seeds that reached the threshold}."""
+    reached = [v for v in values if v is not None]
+    return {"reached": len(reached), "of": len(values), "mean": float(np.mean(reached)) if reached else None}
+
+
+def read_history(path):
+    """(epochs, val_accuracy) of a CSVLogger file; 1-based epochs, empty if missing."""
+    if not Path(path).is_file():
+        return [], []
+    with open(path, newline="") as f:
+        rows = [row for row in csv.DictReader(f) if row.get("val_accuracy")]
+    return [int(row["epoch"]) + 1 for row in rows], [float(row["val_accuracy"]) for row in rows]
+
+
+def curve_summary(curves):
+    """Mean, std (ddof=0: a band, not an interval) and count per epoch of several curves."""
+    by_epoch = {}
+    for epochs, accuracies in curves:
+        for epoch, accuracy in zip(epochs, accuracies):
+            by_epoch.setdefault(epoch, []).append(accuracy)
+    epochs = sorted(by_epoch)
+    return {
+        "epochs": epochs,
+        "mean": [float(np.mean(by_epoch[e])) for e in epochs],
+        "std": [float(np.std(by_epoch[e])) for e in epochs],
+        "n": [len(by_epoch[e]) for e in epochs],
+    }
+
+
+def seed_folders(cell_dir):
+    """{seed: folder} of the `seed<k>` folders in `cell_dir`."""
+    cell_dir = Path(cell_dir)
+    if not cell_dir.is_dir():
+        return {}
+    return {
+        int(folder.name[4:]): folder
+        for folder in cell_dir.iterdir()
+        if folder.is_dir() and folder.name.startswith("seed") and folder.name[4:].isdigit()
+    }
+
+
+def aggregate_cell(root, cell):
+    """Statistics of one cell.
+
+    Args:
+        root: the profile's results folder; `cell["directory"]` is relative to it.
+        cell: {"experiment", "dataset", "variant", "label", "directory",
+            "seeds" (planned), "setting"} as `benchmark.cells` makes them.
+
+    Every finished seed folder in the cell counts, planned or not; planned
+    seeds without metrics.json are listed as missing. Configs that differ in
+    more than the seed are flagged in "mixed_config" (never silently averaged).
+    """
+    runs, configs, curves = {}, {}, []
+    for seed, folder in sorted(seed_folders(Path(root) / cell["directory"]).items()):
+        if not (folder / "metrics.json").is_file():
+            continue
+        metrics = json.loads((folder / "metrics.json").read_text())
+        runs[seed] = {key: metrics.get(key) for key in PER_SEED}
+        configs[seed] = json.loads((folder / "config.json").read_text())
+        curves.append(read_history(folder / "history.csv"))
+    result = dict(cell)
+    result["seeds"] = {"planned": list(cell["seeds"]), "finished": sorted(runs),
+                       "missing": [s for s in cell["seeds"] if s not in runs]}
+    result["per_seed"] = {str(seed): values for seed, values in runs.items()}
+    # init_from names the same seed's checkpoint, so it differs by design.
+    shared = [{k: v for k, v in config.items() if k not in ("seed", "init_from")} for config in configs.values()]
+    result["config"] = shared[0] if shared else None
+    result["mixed_config"] = sorted({k for config in shared for k in config if config[k] != shared[0].get(k)})
+    for key in SUMMARISED:
+        result[key] = summarize([values[key] for values in runs.values()])
+    for key in CONSTANT:
+        result[key] = next((values[key] for values in runs.values() if values[key] is not None), None)
+    for key in EPOCHS_TO:
+        result[key] = epochs_to_summary([values[key] for values in runs.values()])
+    result["val_accuracy_curve"] = curve_summary(curves)
+    return result
+
+
+def accuracies(cell):
+    """{seed: test accuracy} of an aggregated cell."""
+    return {int(seed): values["test_accuracy"] for seed, values in cell["per_seed"].items()}
+
+
+def add_comparisons(cells):
+    """Attach the paired accuracy differences that answer the question, in place.
+
+    variants rows: "gap_to_softmax" (vs softmax-absolute of the same dataset)
+    and "gap_to_softmax_same_position" (vs softmax-<position>);
+    init_from rows: "gain_over_scratch" (vs the variant trained from scratch).
+    """
+    rows = {(c["dataset"], c["variant"]): c for c in cells if c["experiment"] == "variants"}
+    for cell in cells:
+        position = cell["variant"].partition("-")[2]
+        if cell["experiment"] == "variants":
+            for key, baseline in (("gap_to_softmax", BASELINE), ("gap_to_softmax_same_position", f"softmax-{position}")):
+                other = rows.get((cell["dataset"], baseline))
+                cell[key] = None if other is None else {"baseline": baseline, **(paired_difference(accuracies(cell), accuracies(other)) or {})}
+        elif cell["experiment"] == "init_from":
+            scratch = rows.get((cell["dataset"], cell["variant"]))
+            cell["gain_over_scratch"] = None if scratch is None else {
+                "baseline": f"{cell['variant']} from scratch",
+                **(paired_difference(accuracies(cell), accuracies(scratch)) or {}),
+            }
+    return cells
+
+
+def aggregate(root, cells, **header):
+    """Aggregate `cells` (see `aggregate_cell`) of the results folder `root`.
+
+    Args:
+        root: the profile's results folder.
+        cells: the planned cells, in table order.
+        **header: extra JSON fields (profile, commands, ...).
+
+    Returns: {**header, "confidence", "runs": {"planned", "finished", "missing"},
+    "devices", "backends", "cells": [...]}.
+    """
+    aggregated = add_comparisons([aggregate_cell(root, cell) for cell in cells])
+    runs = {}  # folder -> finished?, each run once (a cell may be shared)
+    for cell in aggregated:
+        for seed in cell["seeds"]["planned"]:
+            runs[f"{cell['directory']}/seed{seed}"] = seed in cell["seeds"]["finished"]
+    per_seed = [values for cell in aggregated for values in cell["per_seed"].values()]
+    return {
+        **header,
+        "confidence": CONFIDENCE,
+        "runs": {
+            "planned": len(runs), "finished": sum(runs.values()),
+            "missing": sorted(folder for folder, done in runs.items() if not done),
+        },
+        "devices": sorted({v["device"] for v in per_seed if v["device"]}),
+        "backends": sorted({v["backend"] for v in per_seed if v["backend"]}),
+        "cells": aggregated,
+    }
+
+
+def write_aggregate(root, cells, **header):
+    """`aggregate` and write it to `root`/aggregate.json; returns the dict."""
+    result = aggregate(root, cells, **header)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    (Path(root) / "aggregate.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result

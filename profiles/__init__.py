@@ -1,0 +1,23 @@
+"""Cost profiles of the ViT variants: step time, FLOPs, latency, memory, scaling in N.
+
+    python -m profiles                      # all twelve variants: bench, scaling, summary
+    python -m profiles favor-rope softmax-rope --tokens 64 256 1024 --scopes layer
+
+* `profiles.bench`: one variant's full ViT at a size and a dataset's
+  resolution, in a stripped-down step loop like nanoGPT's bench.py (burn-in,
+  then measured steps): training ms/step and images/s, latency per image at
+  batch 1 and 256, FLOPs per image from the compiled graph beside an analytic
+  count, parameters, peak memory, and a TensorBoard profiler trace with its
+  three most expensive operations.
+* `profiles.scaling`: the attention layer alone and the whole model, forward
+  and forward + backward, over token counts 64 .. 16,384; fitted exponents of
+  cost in N and the crossover N where each linear kernel beats softmax.
+* `profiles.report`: the JSON results as a Markdown summary with log-log plots.
+
+Every measurement that can run out of memory or time runs in a child process
+(`bench.run_in_child`), so an out-of-memory point is recorded as such and the
+sweep goes on. Results land in `<out>/<device>/<backend>/`.
+
+Nothing heavy is imported here, so `python -m profiles --help` and the child
+processes start without loading a backend twice.
+"""

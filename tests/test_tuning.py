@@ -1,0 +1,239 @@
+"""The tuner on a real search: 3 trials of the tiny model on 300 MNIST images, 1 epoch each
+(batch 150: two equal batches, so every trial compiles one train and one test step).
+
+One search (the `search` fixture) is shared by most tests; the kill test runs
+the same search again, killed after its first trial and resumed, and compares.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from performer_keras.run_config import RunConfig
+from tuning import search_spaces
+from tuning.__main__ import main as tune
+from tuning.search import KILL_AFTER_TRIALS_ENV, SEARCH_FILE
+from tuning.search_spaces import Choice, LogUniform, SearchError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SEARCH = [
+    "favor-rope", "--dataset", "mnist", "--size", "tiny", "--limit", "300", "--epochs", "1",
+    "--batch-size", "150", "--algorithm", "random", "--max-trials", "3", "--quiet",
+]
+TRIAL_IDS = ["0", "1", "2"]
+
+
+@pytest.fixture(scope="module")
+def search(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tuning_results") / "favor-rope"
+    assert tune([*SEARCH, "--out", str(out)]) == 0
+    return out
+
+
+def trial_json(out, trial_id):
+    return json.loads((out / "keras_tuner" / f"trial_{trial_id}" / "trial.json").read_text())
+
+
+def started_trials(out):
+    return [line.split()[3] for line in (out / "trials.log").read_text().splitlines() if " start trial " in line]
+
+
+def scores(out):
+    return {t: (trial_json(out, t)["hyperparameters"]["values"], trial_json(out, t)["score"]) for t in TRIAL_IDS}
+
+
+# === The search ===
+
+
+def test_search_writes_every_trial(search):
+    for trial_id in TRIAL_IDS:
+        trial = trial_json(search, trial_id)
+        assert trial["status"] == "COMPLETED"
+        assert set(trial["hyperparameters"]["values"]) == {"learning_rate", "weight_decay", "num_features", "redraw_interval"}
+        assert 0.0 <= trial["score"] <= 1.0
+    assert started_trials(search) == TRIAL_IDS
+    assert not (search / "keras_tuner" / "trial_3").exists()
+
+
+def test_summary_lists_trials_sorted_by_validation_accuracy(search):
+    rows = [line for line in (search / "summary.md").read_text().splitlines() if line.startswith("| ") and "COMPLETED" in line]
+    assert len(rows) == 3
+    accuracies = [float(row.split("|")[3]) for row in rows]
+    assert accuracies == sorted(accuracies, reverse=True)
+    best = json.loads((search / "best_hparams.json").read_text())
+    assert best["val_accuracy"] == max(trial_json(search, t)["score"] for t in TRIAL_IDS)
+    assert rows[0].split("|")[2].strip() == best["trial_id"]
+
+
+def test_every_trial_logs_hparams_and_scalars_for_tensorboard(search):
+    import tensorflow as tf
+
+    for trial_id in TRIAL_IDS:
+        log_dir = search / "tensorboard" / f"trial_{trial_id}"
+        plugins = set()
+        for path in log_dir.glob("events.out.tfevents.*"):
+            for event in tf.compat.v1.train.summary_iterator(str(path)):
+                plugins.update(value.metadata.plugin_data.plugin_name for value in event.summary.value)
+        assert "hparams" in plugins, f"no HParams in {log_dir}"
+        assert list((log_dir / "validation").glob("events.out.tfevents.*"))
+
+
+def test_best_hparams_reproduce_the_trial_in_train_py(search, tmp_path):
+    import train
+
+    best_path = search / "best_hparams.json"
+    best = json.loads(best_path.read_text())
+    trial_dir = search / "keras_tuner" / f"trial_{best['trial_id']}"
+    trial_config = RunConfig(**json.loads((trial_dir / "config.json").read_text()))
+    assert RunConfig.from_sources(best_path) == trial_config
+    assert best["hyperparameters"]["learning_rate"] == trial_json(search, best["trial_id"])["hyperparameters"]["values"]["learning_rate"]
+
+    # train.py takes the file as it is and repeats the trial, numbers included.
+    assert train.main(["--hparams", str(best_path), "--out", str(tmp_path / "run")]) == 0
+    assert json.loads((tmp_path / "run" / "config.json").read_text()) == trial_config.to_dict()
+    retrained = (tmp_path / "run" / "history.csv").read_text().splitlines()[1].split(",")
+    in_search = (trial_dir / "history.csv").read_text().splitlines()[1].split(",")
+    header = (trial_dir / "history.csv").read_text().splitlines()[0].split(",")
+    column = header.index("val_accuracy")
+    assert float(retrained[column]) == pytest.approx(best["val_accuracy"], abs=1e-6)
+    assert float(in_search[column]) == pytest.approx(best["val_accuracy"], abs=1e-6)
+
+
+def test_killed_search_resumes_without_rerunning_finished_trials(search, tmp_path):
+    out = tmp_path / "favor-rope"
+    command = [sys.executable, "-m", "tuning", *SEARCH, "--out", str(out)]
+    env = dict(os.environ, **{KILL_AFTER_TRIALS_ENV: "1"})
+    killed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert started_trials(out) == ["0"]
+    assert trial_json(out, "0")["status"] == "COMPLETED"
+    assert not (out / "best_hparams.json").exists()
+
+    # The same command again (in this process, to save a TensorFlow start).
+    assert tune([*SEARCH, "--out", str(out)]) == 0
+    assert started_trials(out) == TRIAL_IDS  # trial 0 ran once
+    assert scores(out) == scores(search)  # what an uninterrupted search found
+    assert json.loads((out / "best_hparams.json").read_text()) == json.loads((search / "best_hparams.json").read_text())
+
+
+def test_finished_search_run_again_runs_nothing(search):
+    before = (search / "trials.log").read_text()
+    assert tune([*SEARCH, "--out", str(search)]) == 0
+    assert (search / "trials.log").read_text() == before
+
+
+# === Bad input: one line, exit code 2, nothing touched ===
+
+
+def snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bogus-rope"], "Unknown attention 'bogus'"),
+    (["favor-rope", "--space", "num_features="], "space of num_features is empty"),
+    (["favor-rope", "--space", "learning_rate=1e-3:1e-4"], "range of learning_rate is empty"),
+    (["softmax-rope", "--space", "num_features=32,64"], "does not use num_features"),
+    (["favor-rope", "--num-features", "32"], "--space num_features=32"),
+    (["favor-rope", "--space", "momentum=0.9"], "Unknown hyperparameter 'momentum'"),
+    (["favor-rope", "--max-trials", "0"], "--max-trials must be an integer >= 1"),
+    (["favor-rope", "--algorithm", "grid"], "Unknown algorithm 'grid'"),
+    (["favor-rope", "--epochs", "many"], "invalid int value"),
+    ([], "give a VARIANT"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(argv, message, capsys, tmp_path):
+    assert tune([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m tuning: error: ") and message in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change", [["--max-trials", "4"], ["--seed", "7"], ["--space", "num_features=32,64"]])
+def test_a_different_search_in_the_same_folder_is_refused(search, change, capsys):
+    before = snapshot(search)
+    assert tune([*SEARCH, *change, "--out", str(search)]) == 2  # the last --max-trials counts
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds a different search" in err
+    assert snapshot(search) == before
+
+
+def test_a_folder_that_holds_something_else_is_refused(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert tune([*SEARCH, "--out", str(tmp_path)]) == 2
+    assert "holds no search" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+# === Spaces ===
+
+
+def test_each_kernel_searches_only_what_it_uses():
+    def names(**kwargs):
+        return set(search_spaces.space_for(RunConfig(**kwargs)))
+
+    optimizer = {"learning_rate", "weight_decay"}
+    assert names(variant="softmax-rope") == optimizer
+    assert names(variant="exp-absolute") == optimizer
+    assert names(variant="favor-rope") == optimizer | {"num_features", "redraw_interval"}
+    assert names(variant="relu-kerple") == optimizer | {"num_features"}
+    assert names(variant="relu-kerple", deterministic=True) == optimizer
+    space = search_spaces.space_for(RunConfig(variant="favor-rope"))
+    assert space["learning_rate"] == LogUniform(1e-4, 3e-3)
+    assert space["num_features"] == Choice((16, 32, 64, 128, 256))
+
+
+def test_spaces_narrow_and_widen_from_the_command_line_and_a_file(tmp_path):
+    path = tmp_path / "space.json"
+    path.write_text(json.dumps({"learning_rate": "1e-5:1e-2", "num_features": [64, 32], "redraw_interval": 0}))
+    overrides = search_spaces.parse_overrides(["num_features=128"], path)
+    assert overrides == {
+        "learning_rate": LogUniform(1e-5, 1e-2),
+        "num_features": Choice((128,)),
+        "redraw_interval": Choice((0,)),
+    }
+    space = search_spaces.space_for(RunConfig(variant="favor-rope"), overrides)
+    # search.json's form of a space reads back as the same space.
+    path.write_text(json.dumps(search_spaces.space_to_json(space)))
+    assert search_spaces.parse_overrides((), path) == space
+    for bad in (["num_features=16:64"], ["num_features=0"], ["num_features=32,32"], ["weight_decay=-1"], ["learning_rate"]):
+        with pytest.raises(SearchError):
+            search_spaces.parse_overrides(bad)
+
+
+def test_search_json_describes_the_search(search):
+    described = json.loads((search / SEARCH_FILE).read_text())
+    assert described["algorithm"] == "random" and described["max_trials"] == 3
+    assert described["fixed"]["variant"] == "favor-rope" and described["fixed"]["limit"] == 300
+    assert set(described["space"]) == {"learning_rate", "weight_decay", "num_features", "redraw_interval"}
+    assert "learning_rate" not in described["fixed"]
+
+
+# === Sweep ===
+
+
+def test_sweep_compares_best_settings_with_their_seed_spread(search, capsys):
+    from tuning.sweep import main as sweep
+
+    # The fixture's search is the favor-rope search of this sweep: it resumes, runs no trial.
+    root = search.parent
+    before = (search / "trials.log").read_text()
+    assert sweep(["--variants", "favor-rope", *SEARCH[1:], "--seeds", "1", "--out", str(root)]) == 0
+    assert (search / "trials.log").read_text() == before
+    rows = json.loads((root / "sweep.json").read_text())
+    assert [row["variant"] for row in rows] == ["favor-rope"]
+    assert set(rows[0]["seed_val_accuracy"]) == {"42", "43"}
+    assert rows[0]["val_accuracy"] == json.loads((search / "best_hparams.json").read_text())["val_accuracy"]
+    assert (search / "seeds" / "seed_43" / "result.json").exists()
+    table = (root / "sweep.md").read_text()
+    assert "| favor-rope |" in table and "mean ± std (2 seeds)" in table
+
+    assert sweep(["--variants", "favor-rope", "bogus-rope", *SEARCH[1:], "--out", str(root)]) == 2
+    assert sweep(["--variants", "softmax-rope", *SEARCH[1:], "--space", "num_features=32", "--out", str(root)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-2].startswith("python -m tuning.sweep: error: Unknown attention")
+    assert err[-1] == "python -m tuning.sweep: error: no variant of the sweep uses ['num_features']"

@@ -1,0 +1,168 @@
+"""Tune several variants in turn and compare the best setting of each.
+
+    python -m tuning.sweep --variants softmax-rope favor-rope relu-rope --dataset mnist
+    python -m tuning.sweep --variants all --dataset mnist --size tiny --limit 2000 --epochs 3
+
+Each variant is searched (or its search resumed) in <out>/<variant>/ exactly
+as `python -m tuning VARIANT --out <out>/<variant>` would, with the same
+options for every variant; `--space` applies to the variants that use the
+hyperparameter. Then the best trial of each variant is trained again with
+`--seeds` more seeds (default 2: seed+1 and seed+2) in
+<out>/<variant>/seeds/seed_<s>/, so the table shows how much of a difference
+between variants is seed-to-seed noise. Writes <out>/sweep.md and
+<out>/sweep.json (default <out>: tuning_results/<dataset>). Run again, it
+resumes: finished searches and seed runs are read back, not repeated.
+
+Bad input exits with code 2 and one line on stderr.
+"""
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tuning.__main__ import OneLineParser, UsageError, add_search_arguments, make_search  # noqa: E402
+
+PROG = "python -m tuning.sweep"
+
+
+def retrain_best(out_dir, best, seed, splits, verbose=0):
+    """Validation metrics of the best trial's config trained with `seed`; cached in seeds/seed_<s>/."""
+    import keras_tuner
+
+    from performer_keras import training
+    from tuning.hypermodel import VitHyperModel
+    from tuning.search import train_trial
+
+    folder = Path(out_dir) / "seeds" / f"seed_{seed}"
+    if (folder / "result.json").exists():
+        return training.read_json(folder / "result.json")
+    folder.mkdir(parents=True, exist_ok=True)
+    config = dataclasses.replace(best["config"], seed=seed)
+    training.write_json(folder / "config.json", config.to_dict())
+    metrics = train_trial(
+        VitHyperModel(config, {}, splits), keras_tuner.HyperParameters(),
+        log_dir=folder / "tensorboard", csv_path=folder / "history.csv",
+        name=f"{config.dataset}/{config.variant}/trial_{best['trial_id']}/seed_{seed}",
+        verbose=verbose,
+    )
+    training.write_json(folder / "result.json", metrics)  # last: the seed run counts as done
+    return metrics
+
+
+def run_sweep(searches, root, extra_seeds=2, verbose=1):
+    """Search every variant, retrain each best trial with more seeds, write the table."""
+    from tuning.search import run_search
+
+    root = Path(root)
+    rows, splits = [], None
+    for search in searches:
+        out_dir = root / search.base_config.variant
+        result = run_search(search, out_dir, verbose=verbose, splits=splits)
+        splits = result["splits"]  # every search of a sweep reads the same data
+        best = result["best"]
+        base_seed = best["config"].seed
+        scores = {base_seed: best["val_accuracy"]}
+        for seed in range(base_seed + 1, base_seed + 1 + extra_seeds):
+            scores[seed] = retrain_best(out_dir, best, seed, splits, verbose=2 if verbose else 0)["val_accuracy"]
+        values = list(scores.values())
+        rows.append({
+            "variant": search.base_config.variant,
+            "folder": str(out_dir),
+            "trials": sum(row["status"] == "COMPLETED" for row in result["trials"]),
+            "best_trial": best["trial_id"],
+            "val_accuracy": best["val_accuracy"],
+            "seed_val_accuracy": {str(seed): score for seed, score in scores.items()},
+            "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else None,
+            "hyperparameters": {name: getattr(best["config"], name) for name in sorted(search.space)},
+        })
+    rows.sort(key=lambda row: -row["mean"])
+    write_sweep(root, searches[0], extra_seeds, rows)
+    return rows
+
+
+def write_sweep(root, search, extra_seeds, rows):
+    from performer_keras import training
+
+    training.write_json(root / "sweep.json", rows)
+    config = search.base_config
+    names = sorted({name for row in rows for name in row["hyperparameters"]})
+    seeds = 1 + extra_seeds
+    lines = [
+        f"# Sweep on {config.dataset}: the best setting of each variant",
+        "",
+        f"{search.algorithm} search per variant ({search.max_trials or 'one Hyperband iteration of'} trials), "
+        f"size {config.size}, {config.epochs} epochs, limit {config.limit}; objective: best val_accuracy "
+        "on the validation split.",
+        f"Spread: each best trial trained with {seeds} seeds ({config.seed} in the search, then "
+        f"{', '.join(str(config.seed + k) for k in range(1, seeds))}); mean, sample std, min and max over them."
+        if extra_seeds else "Spread: not measured (--seeds 0).",
+        "",
+    ]
+    header = ["variant", "trials", "best trial", "val_accuracy (search)", f"mean ± std ({seeds} seeds)", "min – max", *names]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        scores = list(row["seed_val_accuracy"].values())
+        std = f" ± {row['std']:.4f}" if row["std"] is not None else ""
+        cells = [
+            row["variant"], str(row["trials"]), row["best_trial"], f"{row['val_accuracy']:.4f}",
+            f"{row['mean']:.4f}{std}", f"{min(scores):.4f} – {max(scores):.4f}",
+            *(_format(row["hyperparameters"].get(name, "-")) for name in names),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    (root / "sweep.md").write_text("\n".join(lines) + "\n")
+
+
+def _format(value):
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def main(argv=None):
+    parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", nargs="+", required=True, metavar="VARIANT",
+                        help="variant names, or 'all' for the twelve of the comparison")
+    add_search_arguments(parser)
+    parser.add_argument("--seeds", type=int, default=2, help="more seeds for each best trial (default 2)")
+    parser.add_argument("--out", help="root folder (default tuning_results/<dataset>)")
+
+    from performer_keras import list_variants
+    from performer_keras.data import DataError
+    from performer_keras.run_config import RunError
+    from tuning import search_spaces
+    from tuning.search import SearchError, SearchFailed, check_search_folder
+
+    try:
+        args = parser.parse_args(argv)
+        if args.variant or args.attention or args.position:
+            raise UsageError("give the variants with --variants, not --variant/--attention/--position")
+        if args.seeds < 0:
+            raise UsageError(f"--seeds must be >= 0, got {args.seeds}")
+        variants = list_variants() if args.variants == ["all"] else list(dict.fromkeys(args.variants))
+        searches = [make_search(args, variant, strict=False) for variant in variants]
+        unused = set(search_spaces.parse_overrides(args.space, args.space_file)) - {
+            name for search in searches for name in search.space
+        }
+        if unused:
+            raise SearchError(f"no variant of the sweep uses {sorted(unused)}")
+        root = Path(args.out or Path("tuning_results") / searches[0].base_config.dataset)
+        for search in searches:  # refuse before any search starts
+            check_search_folder(search, root / search.base_config.variant)
+        rows = run_sweep(searches, root, args.seeds, verbose=0 if args.quiet else 1)
+    except (UsageError, SearchError, RunError, DataError) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    except SearchFailed as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 1
+    print((root / "sweep.md").read_text())
+    print(f"results: {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
