@@ -223,7 +223,7 @@ def _fit(model, config, splits, out_dir, verbose):
     try:
         model.fit(
             train_ds, epochs=config.epochs, steps_per_epoch=steps, validation_data=val_ds,
-            callbacks=callbacks, verbose=verbose,
+            callbacks=callbacks, verbose=verbose, shuffle=False,  # the pipeline shuffles per (seed, epoch)
         )
     except RuntimeError as error:
         if "NaN or Inf loss" not in str(error):

@@ -21,3 +21,7 @@ sweep goes on. Results land in `<out>/<device>/<backend>/`.
 Nothing heavy is imported here, so `python -m profiles --help` and the child
 processes start without loading a backend twice.
 """
+
+# Scaling defaults, here so that the command line parses without a backend.
+SCOPES = ("layer", "model")
+DEFAULT_PATCHES = tuple(64 * 2**k for k in range(9))  # grids 8x8, 8x16, ..., 128x128

@@ -1,7 +1,8 @@
 """train.py and evaluate.py end to end on subsampled real MNIST with tiny models.
 
-Each run is a real subprocess, as a user runs it, so exit codes, one-line
-errors and kill -9 behave as they do on the command line.
+Most runs call `train.main` in the test process, which behaves as the command
+line does (exit codes, one-line errors) without a new TensorFlow start-up; the
+kill -9 test and evaluate.py run as real subprocesses.
 """
 
 import csv
@@ -16,18 +17,32 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import train
+
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--size", "tiny", "--limit", "400", "--batch-size", "32"]
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
 
 
-def run(*args, check=True, script="train.py"):
+def train_ok(*args):
+    code = train.main([str(a) for a in args])
+    assert code == 0, f"train.py exited {code}"
+
+
+def train_fails(capsys, *args):
+    """Exit code and the last line on stderr of a run expected to fail."""
+    capsys.readouterr()
+    code = train.main([str(a) for a in args])
+    err = capsys.readouterr().err
+    return code, [line for line in err.strip().splitlines() if line.strip()][-1]
+
+
+def run_script(*args, script="train.py"):
     result = subprocess.run(
         [sys.executable, str(REPO / script), *map(str, args)],
         capture_output=True, text=True, env=ENV, cwd=REPO,
     )
-    if check and result.returncode != 0:
-        raise AssertionError(f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     return result
 
 
@@ -35,53 +50,76 @@ def metrics(folder):
     return json.loads((Path(folder) / "metrics.json").read_text())
 
 
-def last_line(text):
-    return [line for line in text.strip().splitlines() if line.strip()][-1]
+@pytest.fixture(scope="module")
+def softmax_run(tmp_path_factory):
+    """One finished tiny softmax run, shared by the tests that read or reuse it."""
+    out = tmp_path_factory.mktemp("softmax") / "run"
+    train_ok(*TINY, "--epochs", "1", "--out", out)
+    return out
 
 
-@pytest.mark.parametrize("variant", ["softmax-absolute", "favor-rope", "relu-string", "favor-kerple"])
-def test_each_kernel_family_trains_and_evaluates(tmp_path, variant):
-    out = tmp_path / "run"
-    run("--variant", variant, *TINY, "--epochs", "1", "--out", out)
+def test_run_folder_and_evaluate_py(softmax_run):
     for name in ("config.json", "history.csv", "best.keras", "metrics.json", "throughput.json", "confusion_matrix.png"):
-        assert (out / name).exists(), name
-    assert not (out / "backup").exists()  # a finished run leaves no backup behind
-    trained = metrics(out)
-    assert trained["variant"] == variant and trained["dataset"] == "mnist"
-    assert 0.0 <= trained["test_accuracy"] <= 1.0
-    throughput = json.loads((out / "throughput.json").read_text())
+        assert (softmax_run / name).exists(), name
+    assert not (softmax_run / "backup").exists()  # a finished run leaves no backup behind
+    trained = metrics(softmax_run)
+    assert trained["variant"] == "softmax-absolute" and trained["dataset"] == "mnist"
+    throughput = json.loads((softmax_run / "throughput.json").read_text())
     assert throughput["pipeline_images_per_second"] > 0 and throughput["training_images_per_second"] > 0
-    # evaluate.py on the same folder reproduces the figures that do not depend on timing.
-    (out / "metrics.json").unlink()
-    run(out, script="evaluate.py")
+    # evaluate.py, a separate process, reproduces every figure that does not depend on timing.
+    out = softmax_run.parent / "evaluated"
+    run_script(softmax_run / "best.keras", "--dataset", "mnist", "--limit", "400", "--out", out, script="evaluate.py")
     again = metrics(out)
     assert again["confusion_matrix"] == trained["confusion_matrix"]
     for key in ("test_accuracy", "log_likelihood", "aic", "bic", "params", "flops_per_image"):
         assert again[key] == pytest.approx(trained[key], rel=1e-6), key
 
 
-def test_hparams_logged_for_tensorboard(tmp_path):
+def test_hparams_and_scalars_logged_for_tensorboard(softmax_run):
     import tensorflow as tf
 
-    out = tmp_path / "run"
-    run(*TINY, "--epochs", "1", "--out", out)
     plugins = {
         value.metadata.plugin_data.plugin_name
-        for events in (out / "logs").rglob("events.out.tfevents*")
+        for events in (softmax_run / "logs").rglob("events.out.tfevents*")
         for event in tf.compat.v1.train.summary_iterator(str(events))
         for value in event.summary.value
     }
     assert {"hparams", "scalars"} <= plugins
-    with open(out / "history.csv") as f:
+    with open(softmax_run / "history.csv") as f:
         row = next(csv.DictReader(f))
     assert float(row["learning_rate"]) >= 0 and float(row["epoch_seconds"]) > 0
 
 
+@pytest.mark.parametrize("variant", ["favor-rope", "relu-string", "favor-kerple"])
+def test_each_linear_kernel_family_trains_and_evaluates(tmp_path, variant):
+    out = tmp_path / "run"
+    train_ok("--variant", variant, *TINY, "--epochs", "1", "--out", out)
+    trained = metrics(out)
+    assert (trained["attention"], trained["position"]) == tuple(variant.split("-"))
+    assert 0.0 <= trained["test_accuracy"] <= 1.0 and trained["flops_per_image"] > 0
+
+
+def test_export_serves_uint8_with_the_same_predictions(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    from performer_keras.data import load_dataset
+
+    out, export = tmp_path / "run", tmp_path / "export"
+    train_ok("--variant", "relu-rope", *TINY, "--epochs", "1", "--out", out, "--export", export)
+    images = load_dataset("mnist", limit=64).test[0]
+    loaded = tf.saved_model.load(str(export))
+    served = loaded.serve(tf.constant(images, tf.uint8)).numpy()
+    model = keras.models.load_model(out / "best.keras")
+    np.testing.assert_allclose(served, model.predict(images.astype("float32"), verbose=0), atol=1e-5)
+    np.testing.assert_allclose(served.sum(axis=1), 1.0, atol=1e-5)
+
+
 def test_same_seed_same_metrics_and_resume_after_kill(tmp_path):
-    args = ["--variant", "favor-absolute", "--size", "tiny", "--limit", "3000", "--batch-size", "16",
+    args = ["--variant", "favor-absolute", "--size", "tiny", "--limit", "2000", "--batch-size", "16",
             "--epochs", "3", "--redraw-interval", "7"]
     reference = tmp_path / "uninterrupted"
-    run(*args, "--out", reference)
+    train_ok(*args, "--out", reference)
 
     killed = tmp_path / "killed"
     process = subprocess.Popen(
@@ -103,7 +141,7 @@ def test_same_seed_same_metrics_and_resume_after_kill(tmp_path):
     assert not (killed / "metrics.json").exists(), "the run finished before it could be killed"
     assert metadata.exists()
 
-    run(*args, "--out", killed)  # the same command resumes
+    run_script(*args, "--out", killed)  # the same command resumes
     with open(killed / "history.csv") as f:
         epochs = [int(row["epoch"]) for row in csv.DictReader(f)]
     assert epochs == [0, 1, 2]
@@ -113,16 +151,14 @@ def test_same_seed_same_metrics_and_resume_after_kill(tmp_path):
         assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-5), key
 
     again = tmp_path / "same_seed"
-    run(*args, "--out", again)
+    train_ok(*args, "--out", again)
     assert metrics(again)["log_likelihood"] == pytest.approx(uninterrupted["log_likelihood"], rel=1e-5)
 
 
-def test_finished_run_is_not_trained_again(tmp_path):
-    out = tmp_path / "run"
-    run(*TINY, "--epochs", "1", "--out", out)
-    before = (out / "metrics.json").stat().st_mtime_ns
-    run(*TINY, "--epochs", "1", "--out", out)
-    assert (out / "metrics.json").stat().st_mtime_ns == before
+def test_finished_run_is_not_trained_again(softmax_run):
+    before = (softmax_run / "metrics.json").stat().st_mtime_ns
+    train_ok(*TINY, "--epochs", "1", "--out", softmax_run)
+    assert (softmax_run / "metrics.json").stat().st_mtime_ns == before
 
 
 @pytest.mark.parametrize(
@@ -138,81 +174,59 @@ def test_finished_run_is_not_trained_again(tmp_path):
         (["--precision", "float8"], "Unknown precision"),
     ],
 )
-def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
-    result = run(*TINY, "--epochs", "1", *args, "--out", tmp_path / "run", check=False)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert message in last_line(result.stderr)
-    assert "Traceback" not in result.stderr
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, message):
+    code, last_line = train_fails(capsys, *TINY, "--epochs", "1", *args, "--out", tmp_path / "run")
+    assert code == 2
+    assert message in last_line
 
 
-def test_other_run_in_out_folder_is_refused_and_untouched(tmp_path):
-    out = tmp_path / "run"
-    run(*TINY, "--epochs", "1", "--out", out)
-    config_before = (out / "config.json").read_text()
-    metrics_before = (out / "metrics.json").read_text()
-    result = run(*TINY, "--epochs", "1", "--learning-rate", "0.01", "--out", out, check=False)
-    assert result.returncode == 2
-    assert "holds a different run" in last_line(result.stderr) and "learning_rate" in last_line(result.stderr)
-    assert (out / "config.json").read_text() == config_before
-    assert (out / "metrics.json").read_text() == metrics_before
+def test_other_run_in_out_folder_is_refused_and_untouched(softmax_run, capsys):
+    config_before = (softmax_run / "config.json").read_text()
+    metrics_before = (softmax_run / "metrics.json").read_text()
+    code, last_line = train_fails(capsys, *TINY, "--epochs", "1", "--learning-rate", "0.01", "--out", softmax_run)
+    assert code == 2
+    assert "holds a different run" in last_line and "learning_rate" in last_line
+    assert (softmax_run / "config.json").read_text() == config_before
+    assert (softmax_run / "metrics.json").read_text() == metrics_before
 
 
-def test_hparams_file_sets_the_run(tmp_path):
+def test_hparams_file_sets_the_run(tmp_path, capsys):
     hparams = tmp_path / "best_hparams.json"
     hparams.write_text(json.dumps({"hyperparameters": {"learning_rate": 0.002, "num_features": 8}, "trial_id": "0"}))
     out = tmp_path / "run"
-    run("--variant", "favor-absolute", *TINY, "--epochs", "1", "--hparams", hparams, "--num-features", "12", "--out", out)
+    train_ok("--variant", "favor-absolute", *TINY, "--epochs", "1", "--hparams", hparams, "--num-features", "12", "--out", out)
     config = json.loads((out / "config.json").read_text())
     assert config["learning_rate"] == 0.002
     assert config["num_features"] == 12  # an explicit flag beats the file
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"learning_rat": 0.1}))
-    result = run(*TINY, "--hparams", bad, "--out", tmp_path / "other", check=False)
-    assert result.returncode == 2 and "unknown keys ['learning_rat']" in last_line(result.stderr)
+    code, last_line = train_fails(capsys, *TINY, "--hparams", bad, "--out", tmp_path / "other")
+    assert code == 2 and "unknown keys ['learning_rat']" in last_line
 
 
-def test_init_from_softmax_copies_shared_weights(tmp_path):
+def test_init_from_softmax_copies_shared_weights(softmax_run, tmp_path):
     import keras
 
-    import performer_keras  # noqa: F401  registers the layers for load_model
-
-    softmax = tmp_path / "softmax"
-    run(*TINY, "--epochs", "1", "--out", softmax)
     performer = tmp_path / "favor"
-    run("--variant", "favor-absolute", *TINY, "--epochs", "1", "--learning-rate", "1e-9",
-        "--init-from", softmax / "best.keras", "--out", performer)
+    train_ok("--variant", "favor-absolute", *TINY, "--epochs", "1", "--learning-rate", "1e-9",
+             "--init-from", softmax_run / "best.keras", "--out", performer)
     record = json.loads((performer / "init_from.json").read_text())
     assert "block_0_attention/query/kernel" in record["copied"]
     assert "patch_embedding/kernel" in record["copied"]
     assert "block_0_attention/features/projection" in record["not_copied"]
     # With a vanishing learning rate the copied weights are still the softmax model's.
-    source = keras.models.load_model(softmax / "best.keras")
+    source = keras.models.load_model(softmax_run / "best.keras")
     target = keras.models.load_model(performer / "best.keras")
     source_weights = {v.path: np.asarray(v) for v in source.weights}
-    for variable in target.weights:
-        if variable.path == "block_0_attention/query/kernel":
-            np.testing.assert_allclose(np.asarray(variable), source_weights[variable.path], atol=1e-6)
+    target_weights = {v.path: np.asarray(v) for v in target.weights}
+    np.testing.assert_allclose(
+        target_weights["block_0_attention/query/kernel"], source_weights["block_0_attention/query/kernel"], atol=1e-6
+    )
 
 
-def test_export_serves_uint8_with_the_same_predictions(tmp_path):
-    import keras
-    import tensorflow as tf
-
-    import performer_keras  # noqa: F401
-    from performer_keras.data import load_dataset
-
-    out, export = tmp_path / "run", tmp_path / "export"
-    run("--variant", "relu-rope", *TINY, "--epochs", "1", "--out", out, "--export", export)
-    images = load_dataset("mnist", limit=64).test[0]
-    served = tf.saved_model.load(str(export)).serve(tf.constant(images, tf.uint8)).numpy()
-    model = keras.models.load_model(out / "best.keras")
-    np.testing.assert_allclose(served, model.predict(images.astype("float32"), verbose=0), atol=1e-5)
-    np.testing.assert_allclose(served.sum(axis=1), 1.0, atol=1e-5)
-
-
-def test_nan_loss_stops_with_a_message(tmp_path):
-    result = run(*TINY, "--epochs", "2", "--learning-rate", "1e30", "--out", tmp_path / "run", check=False)
-    assert result.returncode == 3, result.stderr[-2000:]
-    assert "NaN/Inf loss" in last_line(result.stderr)
+def test_nan_loss_stops_with_a_message(tmp_path, capsys):
+    code, last_line = train_fails(capsys, *TINY, "--epochs", "2", "--learning-rate", "1e30", "--out", tmp_path / "run")
+    assert code == 3
+    assert "NaN/Inf loss" in last_line
     assert not (tmp_path / "run" / "metrics.json").exists()

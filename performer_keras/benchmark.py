@@ -1,0 +1,299 @@
+"""Run a profile's queue of (variant, dataset, seed) trainings; resumable, multi-seed.
+
+    KERAS_BACKEND=jax python -m performer_keras.benchmark --profile small
+    python -m performer_keras.benchmark --profile small --variants favor-rope relu-rope --seeds 0 1 2 3
+    python -m performer_keras.benchmark --profile small --list       # the queue and what is finished
+    python -m performer_keras.report --profile small                 # results/small/README.md
+
+Every run goes through `training.train`, the code behind train.py, into its
+own folder under results/<profile>/:
+
+    runs/<dataset>/<variant>/seed<k>/                         the variant rows
+    ablations/num_features/<dataset>/<variant>-m<M>/seed<k>/  random features m = M
+    ablations/init_from/<dataset>/<variant>/seed<k>/          started from runs/<dataset>/softmax-absolute/seed<k>/best.keras
+
+A run with metrics.json is finished and skipped; an unfinished one resumes from
+its last finished epoch; a folder holding a run of other settings is refused
+and the queue goes on. So a benchmark killed at any moment continues where it
+stopped when started again, and sessions that each run part of the queue
+(`--variants`, `--datasets`, `--seeds`, `--max-runs`) add up to one result.
+Each ablation run whose settings equal a variant row's (m = the profile's m)
+is that row's folder, not a second copy.
+
+The queue runs the main table first, dataset by dataset, all seeds of a row
+before the next row, so that whole cells of the main table finish first; then
+the extra rows (exp, linformer), then the init-from and num_features
+experiments. At the end aggregate.json is
+written (`aggregate.py`); the report is `python -m performer_keras.report`.
+
+Exit status: 0 when every queued run is finished, 1 when some failed or were
+skipped, 2 for bad arguments.
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+EXPERIMENTS = ("variants", "init_from", "num_features")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One training run of the queue.
+
+    `cell` is the folder of the table row the run belongs to (relative to the
+    profile's results folder); the run's folder is cell/seed<seed>. `needs`
+    is a checkpoint that must exist before the run can start (init_from).
+    """
+
+    experiment: str
+    dataset: str
+    variant: str
+    label: str
+    seed: int
+    cell: str
+    config: object  # RunConfig
+    needs: Path | None = None
+
+    def folder(self, root):
+        return Path(root) / self.cell / f"seed{self.seed}"
+
+
+def profile_root(results_dir, profile):
+    return Path(results_dir) / profile.name
+
+
+def variant_cell(dataset, variant):
+    return f"runs/{dataset}/{variant}"
+
+
+def plan(profile, results_dir="results", variants=None, datasets=None, seeds=None, epochs=None, experiments=EXPERIMENTS):
+    """The queue of `profile`, optionally narrowed or extended.
+
+    Args:
+        profile: a `benchmark_profiles.Profile`.
+        results_dir: the folder holding results/<profile>/; init_from paths
+            in the configs are written under it as given.
+        variants: only these rows (may name variants the profile lacks) and
+            only the ablation runs of these variants; default all.
+        datasets, seeds: replace the profile's (seeds may add new ones).
+        epochs: replace the profile's epochs on every dataset.
+        experiments: any of `EXPERIMENTS`.
+
+    Returns: a list of `Job` in queue order. A run shared by two
+    experiments (num_features at the profile's m is the variant row) is listed
+    under each; `unique_runs` keeps its first.
+    """
+    from performer_keras.options import check_choice
+
+    for experiment in experiments:
+        check_choice("experiment", experiment, EXPERIMENTS)
+    root = profile_root(results_dir, profile)
+    datasets = tuple(datasets or profile.datasets)
+    seeds = tuple(profile.seeds if seeds is None else seeds)
+    row_groups = [tuple(variants)] if variants else [profile.variants, profile.extra_variants]
+    wanted = (lambda v: True) if variants is None else (lambda v: v in variants)
+    jobs, configs = [], {}
+
+    def add(job):
+        if configs.setdefault(job.folder(root), job.config) != job.config:
+            raise AssertionError(f"two runs of different settings planned in {job.folder(root)}")
+        jobs.append(job)
+
+    def row_job(variant, dataset, seed):
+        config = profile.config(variant, dataset, seed, epochs)
+        return Job("variants", dataset, variant, variant, seed, variant_cell(dataset, variant), config)
+
+    if "variants" in experiments:
+        for rows in row_groups:
+            for dataset in datasets:
+                for variant in rows:
+                    for seed in seeds:
+                        add(row_job(variant, dataset, seed))
+    if "init_from" in experiments:
+        source = "softmax-absolute"
+        for dataset in (d for d in datasets if d in profile.init_from.get("datasets", ())):
+            for variant in filter(wanted, profile.init_from["variants"]):
+                for seed in seeds:
+                    checkpoint = root / variant_cell(dataset, source) / f"seed{seed}" / "best.keras"
+                    config = profile.config(variant, dataset, seed, epochs, init_from=str(checkpoint))
+                    cell = f"ablations/init_from/{dataset}/{variant}"
+                    add(Job("init_from", dataset, variant, variant, seed, cell, config, needs=checkpoint))
+    if "num_features" in experiments:
+        for dataset in (d for d in datasets if d in profile.num_features.get("datasets", ())):
+            for variant in filter(wanted, profile.num_features["variants"]):
+                for m in profile.num_features["values"]:
+                    for seed in seeds:
+                        config = profile.config(variant, dataset, seed, epochs, num_features=m)
+                        row = row_job(variant, dataset, seed)
+                        cell = row.cell if config == row.config else f"ablations/num_features/{dataset}/{variant}-m{m}"
+                        add(Job("num_features", dataset, variant, f"{variant}-m{m}", seed, cell, config))
+    return jobs
+
+
+def unique_runs(jobs, root):
+    """`jobs` without the repeats of a run folder, first kept."""
+    runs = {}
+    for job in jobs:
+        runs.setdefault(job.folder(root), job)
+    return list(runs.values())
+
+
+def cells(jobs):
+    """The table rows of `jobs` for `aggregate.aggregate`, in queue order.
+
+    A run shared by two experiments (num_features at the profile's m is the
+    variant row) appears in both rows.
+    """
+    rows = {}
+    for job in jobs:
+        key = (job.experiment, job.dataset, job.label)
+        row = rows.setdefault(key, {
+            "experiment": job.experiment, "dataset": job.dataset, "variant": job.variant, "label": job.label,
+            "directory": job.cell, "seeds": [],
+            "setting": {"num_features": job.config.num_features} if job.experiment == "num_features"
+            else {"init_from": "softmax-absolute"} if job.experiment == "init_from" else {},
+        })
+        row["seeds"].append(job.seed)
+    return list(rows.values())
+
+
+def all_jobs(profile, results_dir, selected=()):
+    """The profile's whole queue plus the `selected` jobs it lacks (rows added on the command line)."""
+    jobs = plan(profile, results_dir)
+    known = {(job.experiment, job.cell, job.seed) for job in jobs}
+    return jobs + [job for job in selected if (job.experiment, job.cell, job.seed) not in known]
+
+
+def is_finished(job, root):
+    return (job.folder(root) / "metrics.json").is_file()
+
+
+def run_queue(jobs, root, verbose=0, max_runs=None, log=print):
+    """Train every unfinished job in order; returns {"finished", "trained", "failed", "skipped"} lists of folders.
+
+    A run that fails (another run's folder, bad data, divergence) is reported
+    and the queue goes on; a missing init_from checkpoint skips the run.
+    `max_runs` stops after that many trainings (finished runs do not count).
+    """
+    from performer_keras.data import DataError
+    from performer_keras.run_config import RunError
+    from performer_keras.training import TrainingDiverged, train
+
+    outcome = {"finished": [], "trained": [], "failed": [], "skipped": []}
+    for index, job in enumerate(jobs, 1):
+        folder = job.folder(root)
+        tag = f"[{index}/{len(jobs)}] {folder}"
+        if is_finished(job, root):
+            outcome["finished"].append(str(folder))
+            continue
+        if max_runs is not None and len(outcome["trained"]) + len(outcome["failed"]) >= max_runs:
+            outcome["skipped"].append(str(folder))
+            continue
+        if job.needs is not None and not job.needs.is_file():
+            log(f"{tag}: skipped, needs {job.needs} (the softmax-absolute run's checkpoint, which is not "
+                f"committed: move its run folder aside and run the benchmark again to remake it)")
+            outcome["skipped"].append(str(folder))
+            continue
+        log(f"{tag}: training")
+        started = time.perf_counter()
+        try:
+            metrics = train(job.config, folder, verbose=verbose)
+        except (RunError, DataError, TrainingDiverged) as error:
+            log(f"{tag}: failed: {error}")
+            outcome["failed"].append(str(folder))
+            continue
+        outcome["trained"].append(str(folder))
+        log(f"{tag}: test accuracy {metrics['test_accuracy']:.4f} in {time.perf_counter() - started:.0f} s")
+    return outcome
+
+
+def commands(profile, results_dir):
+    """The commands that remake results/<profile>/ (printed above every table)."""
+    prefix = f"KERAS_BACKEND={profile.backend} " if profile.backend else ""
+    where = "" if str(results_dir) == "results" else f" --results-dir {results_dir}"
+    return {
+        "benchmark": f"{prefix}python -m performer_keras.benchmark --profile {profile.name}{where}",
+        "report": f"python -m performer_keras.report --profile {profile.name}{where}",
+    }
+
+
+def report_header(profile, results_dir):
+    """What aggregate.json says about the profile besides the runs."""
+    return dict(profile=profile.name, doc=profile.doc, commands=commands(profile, results_dir),
+                settings=profile.settings, epochs=profile.epochs, seeds=list(profile.seeds))
+
+
+def write_aggregate(profile, results_dir, selected=()):
+    """Aggregate the profile's whole queue (plus `selected`) into results/<profile>/aggregate.json."""
+    from performer_keras.aggregate import write_aggregate as write
+
+    return write(profile_root(results_dir, profile), cells(all_jobs(profile, results_dir, selected)),
+                 **report_header(profile, results_dir))
+
+
+def add_selection_arguments(parser):
+    """--profile and the queue selection; shared with `report`."""
+    parser.add_argument("--profile", default="small", help="reference, small, tuned or tiny (benchmark_profiles.py)")
+    parser.add_argument("--variants", nargs="+", help="only these variants (default: the profile's rows)")
+    parser.add_argument("--datasets", nargs="+", help="default: the profile's")
+    parser.add_argument("--seeds", nargs="+", type=int, help="default: the profile's")
+    parser.add_argument("--epochs", type=int, help="epochs on every dataset (default: the profile's)")
+    parser.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), help=f"some of {EXPERIMENTS}")
+    parser.add_argument("--results-dir", default="results", help="parent of results/<profile>/ (default results)")
+
+
+def selected_jobs(args, profile):
+    return plan(profile, args.results_dir, args.variants, args.datasets, args.seeds, args.epochs, args.experiments)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_selection_arguments(parser)
+    parser.add_argument("--max-runs", type=int, help="stop after training this many runs")
+    parser.add_argument("--list", action="store_true", help="print the queue with each run's state and exit")
+    parser.add_argument("--verbose", action="store_true", help="Keras progress lines for every epoch")
+    args = parser.parse_args(argv)
+
+    import keras
+
+    from performer_keras.benchmark_profiles import get_profile
+    from performer_keras.run_config import RunError
+
+    try:
+        profile = get_profile(args.profile)
+        selected = selected_jobs(args, profile)
+        backend = keras.backend.backend()
+        if profile.backend and backend != profile.backend and not args.list:
+            raise RunError(
+                f"profile {profile.name!r} runs on the {profile.backend} backend, this process on {backend}: "
+                f"run {commands(profile, args.results_dir)['benchmark']}"
+            )
+    except (RunError, ValueError) as error:
+        print(f"benchmark: error: {error}", file=sys.stderr)
+        return 2
+    root = profile_root(args.results_dir, profile)
+    jobs = unique_runs(selected, root)
+    if args.list:
+        for job in jobs:
+            print(f"{'finished' if is_finished(job, root) else 'queued  '}  {job.folder(root)}")
+        print(f"{sum(is_finished(job, root) for job in jobs)} of {len(jobs)} runs finished")
+        return 0
+    print(f"benchmark {profile.name}: {len(jobs)} runs, {sum(is_finished(job, root) for job in jobs)} finished; backend {backend}",
+          flush=True)
+    outcome = run_queue(jobs, root, verbose=2 if args.verbose else 0, max_runs=args.max_runs,
+                        log=lambda line: print(line, flush=True))
+    aggregated = write_aggregate(profile, args.results_dir, selected)
+    print(f"trained {len(outcome['trained'])}, failed {len(outcome['failed'])}, skipped {len(outcome['skipped'])}; "
+          f"{aggregated['runs']['finished']} of {aggregated['runs']['planned']} runs of the profile finished")
+    print(f"aggregate: {root / 'aggregate.json'}; report: {commands(profile, args.results_dir)['report']}")
+    return 1 if outcome["failed"] or outcome["skipped"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

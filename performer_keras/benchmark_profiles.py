@@ -1,0 +1,232 @@
+"""The benchmark's named profiles: every setting of a comparison in one place (STYLE rule 8).
+
+A profile is a function returning a `Profile`; its docstring says the command,
+the expected time and the expected accuracy, and becomes the header of the
+profile's report. `get_profile(name)` resolves a name.
+
+    python -m performer_keras.benchmark --profile small      # the CPU comparison
+    python -m performer_keras.report --profile small         # its results/small/README.md
+"""
+
+import dataclasses
+import inspect
+import json
+from pathlib import Path
+
+from performer_keras.options import check_choice
+from performer_keras.registry import list_variants
+from performer_keras.run_config import RunConfig, RunError
+
+EXTRA_VARIANTS = tuple(v for v in list_variants(extra=True) if v not in list_variants())
+NUM_FEATURES_ABLATION = (16, 32, 64, 128, 256)
+LINEAR_BASELINES = ("favor-absolute", "relu-absolute")
+INIT_FROM_VARIANTS = ("favor-absolute", "relu-absolute", "linformer-absolute")
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What a benchmark runs: the queue and the settings every run shares.
+
+    Attributes:
+        name: the results folder, results/<name>/.
+        doc: the profile function's docstring.
+        variants: rows of the main table.
+        extra_variants: further rows in the same harness (exp, linformer).
+        datasets, seeds: every row runs on every dataset with every seed.
+        epochs: {dataset: epochs}.
+        settings: `RunConfig` fields shared by every run (size, limit, ...).
+        backend: the Keras backend the runs must be made with (None: any);
+            mixing backends in one table would mix their timings.
+        num_features: {"variants": ..., "values": ..., "datasets": ...} of
+            the random-feature ablation (empty: none).
+        init_from: {"variants": ..., "datasets": ...} started from the
+            softmax-absolute run of the same dataset and seed (empty: none).
+        hparams_dir: folder of the tuner's <dataset>/<variant>/best_hparams.json;
+            the searched hyperparameters of a variant that has one replace
+            `settings` (None: not tuned).
+    """
+
+    name: str
+    doc: str
+    variants: tuple
+    extra_variants: tuple
+    datasets: tuple
+    seeds: tuple
+    epochs: dict
+    settings: dict
+    backend: str | None = None
+    num_features: dict = dataclasses.field(default_factory=dict)
+    init_from: dict = dataclasses.field(default_factory=dict)
+    hparams_dir: str | None = None
+
+    def __post_init__(self):
+        unknown = sorted(set(self.settings) - set(RunConfig.fields()))
+        if unknown:
+            raise ValueError(f"profile {self.name!r} sets unknown RunConfig fields {unknown}")
+
+    def hparams_file(self, variant, dataset):
+        """The tuner's best_hparams.json of (variant, dataset), or None."""
+        if self.hparams_dir is None:
+            return None
+        path = Path(self.hparams_dir) / dataset / variant / "best_hparams.json"
+        return path if path.is_file() else None
+
+    def config(self, variant, dataset, seed, epochs=None, **changes):
+        """The `RunConfig` of one run: settings < tuned hyperparameters < `changes` < the run's identity."""
+        values = dict(self.settings)
+        hparams = self.hparams_file(variant, dataset)
+        if hparams is not None:
+            values.update(read_tuned_hparams(hparams))
+        values.update(changes)
+        values.update(variant=variant, dataset=dataset, seed=seed, epochs=epochs or self.epochs[dataset])
+        return RunConfig(**values)
+
+
+def read_tuned_hparams(path):
+    """The searched hyperparameters of a tuner's best_hparams.json.
+
+    The file holds the whole winning RunConfig under "hyperparameters" and the
+    names that were searched under "searched"; only those are taken, so the
+    profile keeps its own size, epochs and data. A flat JSON object of RunConfig
+    fields (no "searched") is taken whole.
+    """
+    try:
+        loaded = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise RunError(f"cannot read tuned hyperparameters {path}: {error}") from None
+    hparams = loaded.get("hyperparameters", loaded)
+    searched = loaded.get("searched", list(hparams))
+    unknown = sorted(set(searched) - set(RunConfig.fields()))
+    if unknown:
+        raise RunError(f"{path} searched unknown RunConfig fields {unknown}")
+    return {name: hparams[name] for name in searched if name not in ("variant", "dataset", "seed", "epochs")}
+
+
+# === Profiles ===
+
+
+def reference():
+    """The reference recipe: a GPU comparison, not runnable on a CPU in reasonable time.
+
+    ViT width 256, 6 blocks, 8 heads, MLP 512, patch 4 (`registry.SIZES["reference"]`),
+    m = 64 random features, batch 128, AdamW 1e-3 with weight decay 0.05, one
+    warmup epoch then cosine decay; full MNIST (55,000 / 5,000 / 10,000) for 20
+    epochs and CIFAR-10 (45,000 / 5,000 / 10,000) for 100 epochs; seeds 0, 1, 2.
+    Ablations: m in {16, 32, 64, 128, 256} for favor-absolute and relu-absolute,
+    and favor, relu, linformer (absolute) started from the softmax-absolute run.
+
+    Command (a GPU machine, JAX backend of Keras):
+        KERAS_BACKEND=jax python -m performer_keras.benchmark --profile reference
+    Expected time: not measured (no GPU run has been made yet); the favor and
+        relu + kerple rows cost the most (the Toeplitz FFT over m (d + 1)
+        channels per head).
+    Expected accuracy: about 99% on MNIST and 75-85% on CIFAR-10 for the softmax
+        baseline (usual for a small ViT trained from scratch); not measured here.
+    """
+    return Profile(
+        name="reference",
+        doc=inspect.getdoc(reference),
+        variants=tuple(list_variants()),
+        extra_variants=EXTRA_VARIANTS,
+        datasets=("mnist", "cifar10"),
+        seeds=(0, 1, 2),
+        epochs={"mnist": 20, "cifar10": 100},
+        settings=dict(size="reference", num_features=64, batch_size=128),
+        backend="jax",
+        num_features=dict(variants=LINEAR_BASELINES, values=NUM_FEATURES_ABLATION, datasets=("mnist", "cifar10")),
+        init_from=dict(variants=INIT_FROM_VARIANTS, datasets=("mnist", "cifar10")),
+    )
+
+
+def small():
+    """The CPU comparison: a reduced ViT on a subset, minutes per run on a 2-core CPU.
+
+    ViT width 64, 2 blocks, 4 heads, MLP 128, patch 4 (`registry.SIZES["small"]`),
+    m = 16 random features, batch 64, AdamW 1e-3 (one warmup epoch, cosine
+    decay), limit 3,000 (3,000 train / 3,000 validation / 3,000 test examples of
+    each dataset), 4 epochs on MNIST and on CIFAR-10; seeds 0, 1, 2; JAX backend.
+    Extras: the exp and linformer rows; favor, relu, linformer (absolute) started
+    from the softmax-absolute run; m in {16, 32, 64, 128, 256} for favor-absolute
+    and relu-absolute.
+
+    Why these numbers: with the TensorFlow backend a favor/relu + kerple
+    training step (batch 128, m = 16) took 7-8 s on this CPU, with JAX 3-4 s
+    (its FFT is faster), while the other variants take 0.1-0.6 s per step; the
+    Toeplitz FFT correlates m (d + 1) channels per head, so m and the number of
+    training examples are what the kerple rows cost. Batch 64 reached 82%
+    MNIST test accuracy where batch 128 reached 66% in the same 5 epochs of
+    3,000 examples (the steps, not the examples, are what these runs lack).
+
+    Command:
+        KERAS_BACKEND=jax python -m performer_keras.benchmark --profile small
+    Expected time (measured on a shared, busy 2-core CPU, JAX): {TIME}
+    Expected accuracy: {ACCURACY}
+    """
+    return Profile(
+        name="small",
+        doc=inspect.getdoc(small),
+        variants=tuple(list_variants()),
+        extra_variants=EXTRA_VARIANTS,
+        datasets=("mnist", "cifar10"),
+        seeds=(0, 1, 2),
+        epochs={"mnist": 4, "cifar10": 4},
+        settings=dict(size="small", num_features=16, batch_size=64, limit=3000),
+        backend="jax",
+        num_features=dict(variants=LINEAR_BASELINES, values=NUM_FEATURES_ABLATION, datasets=("mnist", "cifar10")),
+        init_from=dict(variants=INIT_FROM_VARIANTS, datasets=("mnist", "cifar10")),
+    )
+
+
+def tuned():
+    """The reference recipe with each variant's tuned hyperparameters (a GPU comparison).
+
+    As `reference`, except that a variant with tuning_results/<dataset>/<variant>/best_hparams.json
+    (written by `python -m tuning`) takes the hyperparameters its search
+    varied from that file; a variant without one keeps the reference values,
+    and its config.json says which it got. No ablations.
+
+    Command (a GPU machine):
+        KERAS_BACKEND=jax python -m performer_keras.benchmark --profile tuned
+    Expected time: as `reference` without the ablations; not measured.
+    Expected accuracy: at least the reference's where tuning found better
+        settings; not measured.
+    """
+    base = reference()
+    return dataclasses.replace(
+        base, name="tuned", doc=inspect.getdoc(tuned), num_features={}, init_from={}, hparams_dir="tuning_results",
+    )
+
+
+def tiny():
+    """A smoke test of the whole pipeline (tests/test_benchmark.py): seconds per run.
+
+    ViT `tiny` (width 16, 1 block, 2 heads, patch 7), m = 8, 300 examples per
+    split of MNIST, 1 epoch, softmax-absolute and favor-absolute, seeds 0, 1,
+    any backend. The accuracy means nothing (about chance to 40%).
+
+    Command:
+        python -m performer_keras.benchmark --profile tiny --results-dir /tmp/results
+    Expected time: under a minute in all on a 2-core CPU.
+    Expected accuracy: 10-40%, meaningless.
+    """
+    return Profile(
+        name="tiny",
+        doc=inspect.getdoc(tiny),
+        variants=("softmax-absolute", "favor-absolute"),
+        extra_variants=(),
+        datasets=("mnist",),
+        seeds=(0, 1),
+        epochs={"mnist": 1},
+        settings=dict(size="tiny", num_features=8, batch_size=32, limit=300),
+    )
+
+
+PROFILES = {f.__name__: f for f in (reference, small, tuned, tiny)}
+
+
+def get_profile(name):
+    """The `Profile` called `name` (one of `PROFILES`)."""
+    try:
+        return PROFILES[check_choice("profile", name, tuple(PROFILES))]()
+    except ValueError as error:
+        raise RunError(str(error)) from None

@@ -1,0 +1,550 @@
+"""A benchmark's report: results/<profile>/README.md and its figures, from aggregate.json.
+
+    python -m performer_keras.report --profile small
+
+re-aggregates the profile's run folders into aggregate.json (`aggregate.py`),
+then writes, every number taken from that JSON:
+
+    README.md             the main table (variants x datasets), the gap to softmax
+                          with intervals, per-dataset detail, the extra rows, the
+                          ablations, and what is still missing
+    pareto_<dataset>.png  test accuracy against inference latency, Pareto front
+    curves_<dataset>.png  validation accuracy per epoch, mean and band over seeds
+    saliency_<dataset>.png  saliency maps of a few test images per variant
+    ../README_SECTION.md  the main table and a link, for the top-level README
+
+Saliency maps need the runs' best.keras checkpoints (not committed; a rerun
+of the benchmark remakes them) and the TensorFlow backend: SmoothGrad with
+tf-keras-vis, or a plain input gradient through tf.GradientTape where
+tf-keras-vis fails; the report says which. Figures use matplotlib's object
+API on the Agg canvas, never pyplot.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from performer_keras.aggregate import BASELINE  # noqa: E402
+from performer_keras.registry import MAIN_KERNELS  # noqa: E402
+
+DATASET_NAMES = {"mnist": "MNIST", "cifar10": "CIFAR-10"}
+SALIENCY_IMAGES = 4
+SMOOTH_SAMPLES = 16
+SMOOTH_NOISE = 0.1
+KERNEL_COLOURS = {"softmax": "tab:blue", "favor": "tab:orange", "relu": "tab:green", "exp": "tab:red", "linformer": "tab:purple"}
+POSITION_MARKERS = {"absolute": "o", "rope": "s", "string": "^", "kerple": "D"}
+
+
+# === Formatting ===
+
+
+def _dataset_name(dataset):
+    return DATASET_NAMES.get(dataset, dataset)
+
+
+def _pct(value, digits=2):
+    return "–" if value is None else f"{100 * value:.{digits}f}"
+
+
+def _number(value, digits=1):
+    if value is None:
+        return "–"
+    if abs(value) >= 1e4:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def _interval(summary, scale=100.0, digits=2):
+    if not summary or summary.get("ci95") is None:
+        return "–"
+    low, high = summary["ci95"]
+    return f"[{scale * low:.{digits}f}, {scale * high:.{digits}f}]"
+
+
+def _count(cell):
+    seeds = cell["seeds"]
+    planned = len(seeds["planned"])
+    return f"{len(seeds['finished'])}/{planned}" if planned else str(len(seeds["finished"]))
+
+
+def accuracy_text(cell):
+    """"82.13 ± 0.52 [80.85, 83.41] (3/3)", or "missing (0/3)"."""
+    summary = cell["test_accuracy"]
+    if summary is None:
+        return f"missing ({_count(cell)})"
+    spread = "" if summary["std"] is None else f" ± {_pct(summary['std'])}"
+    ci = "" if summary["ci95"] is None else f" {_interval(summary)}"
+    return f"{_pct(summary['mean'])}{spread}{ci} ({_count(cell)})"
+
+
+def gap_text(gap):
+    """A paired difference in percentage points: "-1.23 [-2.50, 0.04] (3 pairs)"."""
+    if not gap or "mean" not in gap:
+        return "–"
+    ci = "" if gap["ci95"] is None else f" {_interval(gap)}"
+    return f"{100 * gap['mean']:+.2f}{ci} ({gap['n']} pair{'s' if gap['n'] != 1 else ''})"
+
+
+def _mean(summary, scale=1.0, digits=1):
+    return "–" if not summary else _number(scale * summary["mean"], digits)
+
+
+def _epochs_to(cell):
+    parts = []
+    for key in ("epochs_to_90", "epochs_to_95", "epochs_to_99"):
+        value = cell[key]
+        parts.append("–" if value["mean"] is None else f"{value['mean']:.1f} ({value['reached']}/{value['of']})")
+    return " / ".join(parts)
+
+
+def _table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
+    return lines
+
+
+def detail_table(cells):
+    header = ["variant", "accuracy % (mean ± std)", "95% CI", "min–max", "macro F1 %", "log-lik.", "AIC", "BIC",
+              "params", "MFLOPs/img", "s/epoch", "ms/img b1", "ms/img b256", "epochs to 90/95/99% val"]
+    rows = []
+    for c in cells:
+        acc = c["test_accuracy"]
+        if acc is None:
+            rows.append([c["label"], f"missing ({_count(c)})"] + ["–"] * (len(header) - 2))
+            continue
+        rows.append([
+            c["label"],
+            f"{_pct(acc['mean'])}{'' if acc['std'] is None else ' ± ' + _pct(acc['std'])} ({_count(c)})",
+            _interval(acc), f"{_pct(acc['min'])}–{_pct(acc['max'])}",
+            _mean(c["macro_f1"], 100, 2), _mean(c["log_likelihood"]), _mean(c["aic"]), _mean(c["bic"]),
+            _number(c["params"], 0), _number(None if c["flops_per_image"] is None else c["flops_per_image"] / 1e6, 2),
+            _mean(c["train_seconds_per_epoch"]), _mean(c["latency_ms_batch1"], digits=3),
+            _mean(c["latency_ms_batch256"], digits=3), _epochs_to(c),
+        ])
+    return _table(header, rows)
+
+
+# === Figures ===
+
+
+def _figure(width, height):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height))
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _style(variant):
+    kernel, _, position = variant.partition("-")
+    return KERNEL_COLOURS.get(kernel, "black"), POSITION_MARKERS.get(position, "x")
+
+
+def pareto_front(points):
+    """Indices of the points (latency, accuracy) no other point beats on both (lower latency, higher accuracy)."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front, best = [], -math.inf
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def plot_pareto(cells, dataset, path):
+    """Test accuracy (mean, std bars) against batch-1 latency per image, front joined."""
+    done = [c for c in cells if c["test_accuracy"] and c["latency_ms_batch1"]]
+    if not done:
+        return False
+    figure = _figure(7.5, 5)
+    axes = figure.add_subplot()
+    points = [(c["latency_ms_batch1"]["mean"], c["test_accuracy"]["mean"]) for c in done]
+    for c, (x, y) in zip(done, points):
+        colour, marker = _style(c["variant"])
+        axes.errorbar(x, 100 * y, yerr=100 * (c["test_accuracy"]["std"] or 0), fmt=marker, color=colour, capsize=3)
+        axes.annotate(c["label"], (x, 100 * y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    front = pareto_front(points)
+    axes.step([points[i][0] for i in front], [100 * points[i][1] for i in front], where="post",
+              color="grey", linestyle="--", marker="o", markerfacecolor="none", markersize=12, label="Pareto front")
+    latencies = [x for x, _ in points]
+    log_scale = max(latencies) / min(latencies) > 5
+    if log_scale:
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        axes.set_xscale("log")
+        axes.xaxis.set_major_formatter(ScalarFormatter())
+        axes.xaxis.set_minor_formatter(NullFormatter())
+    axes.set(xlabel=f"inference latency, ms per image (batch 1{', log scale' if log_scale else ''})",
+             ylabel="test accuracy %", title=f"{_dataset_name(dataset)}: accuracy against latency (mean ± std over seeds)")
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    return True
+
+
+def plot_curves(cells, dataset, path):
+    """Validation accuracy per epoch, one panel per kernel, mean line and ±std band per position."""
+    kernels = [k for k in MAIN_KERNELS + ("exp", "linformer") if any(c["variant"].startswith(k + "-") for c in cells)]
+    with_curves = [c for c in cells if c["val_accuracy_curve"]["epochs"]]
+    if not with_curves:
+        return False
+    figure = _figure(4.2 * len(kernels), 3.8)
+    for index, kernel in enumerate(kernels, 1):
+        axes = figure.add_subplot(1, len(kernels), index)
+        for c in (c for c in with_curves if c["variant"].startswith(kernel + "-")):
+            curve = c["val_accuracy_curve"]
+            mean, std = 100 * np.array(curve["mean"]), 100 * np.array(curve["std"])
+            colour = f"C{list(POSITION_MARKERS).index(c['variant'].partition('-')[2])}"
+            axes.plot(curve["epochs"], mean, marker=POSITION_MARKERS[c["variant"].partition("-")[2]], color=colour,
+                      label=f"{c['label']} ({len(c['seeds']['finished'])})", markersize=4)
+            axes.fill_between(curve["epochs"], mean - std, mean + std, color=colour, alpha=0.2)
+        axes.set(title=kernel, xlabel="epoch", ylabel="validation accuracy %" if index == 1 else None)
+        axes.legend(fontsize=7, loc="lower right")
+    figure.suptitle(f"{_dataset_name(dataset)}: validation accuracy, mean and ±std band over seeds (runs)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    return True
+
+
+def saliency_maps(model, images, labels):
+    """(maps, method) for `images` and their true `labels`, maps in [0, 1].
+
+    SmoothGrad (`SMOOTH_SAMPLES` noisy copies) of the class score, softmax
+    replaced by identity, with tf-keras-vis; if tf-keras-vis fails on this
+    Keras 3 model, the absolute input gradient of the class probability
+    through tf.GradientTape (max over channels, scaled per image to [0, 1]).
+    """
+    import tensorflow as tf
+
+    images = images.astype("float32")
+    try:
+        from tf_keras_vis.saliency import Saliency
+        from tf_keras_vis.utils.model_modifiers import ReplaceToLinear
+        from tf_keras_vis.utils.scores import CategoricalScore
+
+        saliency = Saliency(model, model_modifier=ReplaceToLinear(), clone=True)
+        maps = saliency(CategoricalScore([int(y) for y in labels]), images,
+                        smooth_samples=SMOOTH_SAMPLES, smooth_noise=SMOOTH_NOISE)
+        return np.asarray(maps), f"tf-keras-vis SmoothGrad ({SMOOTH_SAMPLES} samples, noise {SMOOTH_NOISE})"
+    except Exception as error:  # noqa: BLE001 - any failure of the library falls back to the plain gradient
+        fallback = f"plain input gradient (tf.GradientTape); tf-keras-vis failed: {type(error).__name__}"
+    x = tf.convert_to_tensor(images)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        chosen = tf.gather(model(x, training=False), labels, axis=1, batch_dims=1)
+    maps = tf.reduce_max(tf.abs(tape.gradient(chosen, x)), axis=-1).numpy()
+    maps = maps / np.maximum(maps.reshape(len(maps), -1).max(axis=1)[:, None, None], 1e-12)
+    return maps, fallback
+
+
+def plot_saliency(cells, dataset, root, path):
+    """Saliency of the first test images for every row with a checkpoint (its first finished seed).
+
+    Returns (drawn: bool, note: str).
+    """
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return False, f"not drawn: saliency maps need the TensorFlow backend (this report ran on {keras.backend.backend()})"
+    checkpoints = []
+    for c in cells:
+        for seed in c["seeds"]["finished"]:
+            checkpoint = Path(root) / c["directory"] / f"seed{seed}" / "best.keras"
+            if checkpoint.is_file():
+                checkpoints.append((f"{c['label']} s{seed}", checkpoint, c["config"]))
+                break
+    if not checkpoints:
+        return False, ("not drawn: no best.keras checkpoint (checkpoints are not committed; "
+                       "run the benchmark command above to remake them)")
+    from performer_keras.data import load_dataset
+
+    splits = load_dataset(dataset, limit=checkpoints[0][2].get("limit"))
+    images, labels = splits.test[0][:SALIENCY_IMAGES], splits.test[1][:SALIENCY_IMAGES]
+    columns = 1 + len(checkpoints)
+    figure = _figure(1.35 * columns, 1.45 * len(images) + 0.6)
+    methods = set()
+    panels = []
+    for title, checkpoint, _ in checkpoints:
+        maps, method = saliency_maps(keras.models.load_model(checkpoint), images, labels)
+        methods.add(method)
+        panels.append((title, maps))
+    for row, image in enumerate(images):
+        axes = figure.add_subplot(len(images), columns, row * columns + 1)
+        axes.imshow(image.squeeze(), cmap="gray" if image.shape[-1] == 1 else None)
+        axes.set_axis_off()
+        if row == 0:
+            axes.set_title("image", fontsize=7)
+        for column, (title, maps) in enumerate(panels, 2):
+            axes = figure.add_subplot(len(images), columns, row * columns + column)
+            axes.imshow(maps[row], cmap="jet", vmin=0, vmax=1)
+            axes.set_axis_off()
+            if row == 0:
+                axes.set_title(title, fontsize=6, rotation=30)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    return True, "; ".join(sorted(methods))
+
+
+# === The report ===
+
+
+def _by(cells, experiment, dataset=None):
+    return [c for c in cells if c["experiment"] == experiment and (dataset is None or c["dataset"] == dataset)]
+
+
+def _datasets(cells):
+    return list(dict.fromkeys(c["dataset"] for c in cells))
+
+
+def _is_main(cell):
+    return cell["variant"].partition("-")[0] in MAIN_KERNELS
+
+
+def main_table(aggregated):
+    """The main table: one row per main variant, one column per dataset (accuracy text)."""
+    cells = [c for c in _by(aggregated["cells"], "variants") if _is_main(c)]
+    datasets = _datasets(cells)
+    variants = list(dict.fromkeys(c["variant"] for c in cells))
+    index = {(c["dataset"], c["variant"]): c for c in cells}
+    rows = [[v] + [accuracy_text(index[(d, v)]) if (d, v) in index else "not planned" for d in datasets] for v in variants]
+    return _table(["variant"] + [f"{_dataset_name(d)} test accuracy %, mean ± std [95% CI] (seeds)" for d in datasets], rows)
+
+
+def gap_table(aggregated):
+    cells = [c for c in _by(aggregated["cells"], "variants") if c["variant"] != BASELINE]
+    datasets = _datasets(cells)
+    variants = list(dict.fromkeys(c["variant"] for c in cells))
+    index = {(c["dataset"], c["variant"]): c for c in cells}
+    header = ["variant"]
+    for d in datasets:
+        header += [f"{_dataset_name(d)}: Δ vs {BASELINE}", f"{_dataset_name(d)}: Δ vs softmax, same position"]
+    rows = []
+    for v in variants:
+        row = [v]
+        for d in datasets:
+            c = index.get((d, v))
+            if c is None or v.startswith("softmax-"):
+                same = "–"
+            elif v.endswith("-absolute"):
+                same = "(the same)"
+            else:
+                same = gap_text(c.get("gap_to_softmax_same_position"))
+            row += ["–" if c is None else gap_text(c.get("gap_to_softmax")), same]
+        rows.append(row)
+    return _table(header, rows)
+
+
+def answer_lines(aggregated):
+    """Per dataset and linear kernel: the gap with absolute positions and with each relative one, and the cost."""
+    cells = _by(aggregated["cells"], "variants")
+    index = {(c["dataset"], c["variant"]): c for c in cells}
+    lines = []
+    for dataset in _datasets(cells):
+        for kernel in ("favor", "relu"):
+            parts = []
+            base = index.get((dataset, f"{kernel}-absolute"))
+            for position in POSITION_MARKERS:
+                c = index.get((dataset, f"{kernel}-{position}"))
+                if c is None:
+                    continue
+                if not c.get("gap_to_softmax") or "mean" not in c["gap_to_softmax"]:
+                    parts.append(f"{position} missing")
+                    continue
+                text = f"{position} {gap_text(c['gap_to_softmax'])}"
+                if position != "absolute" and base and base["latency_ms_batch1"] and c["latency_ms_batch1"]:
+                    latency = c["latency_ms_batch1"]["mean"] / base["latency_ms_batch1"]["mean"]
+                    seconds = (c["train_seconds_per_epoch"] or {}).get("mean")
+                    base_seconds = (base["train_seconds_per_epoch"] or {}).get("mean")
+                    cost = f"latency ×{latency:.2f}"
+                    if seconds and base_seconds:
+                        cost += f", training time ×{seconds / base_seconds:.2f}"
+                    text += f" ({cost} vs {kernel}-absolute)"
+                parts.append(text)
+            if parts:
+                lines.append(f"- {_dataset_name(dataset)}, {kernel}: " + "; ".join(parts) + ".")
+    return lines
+
+
+def ablation_lines(aggregated):
+    lines = []
+    cells = _by(aggregated["cells"], "num_features")
+    if cells:
+        values = sorted({c["setting"]["num_features"] for c in cells})
+        index = {(c["dataset"], c["variant"], c["setting"]["num_features"]): c for c in cells}
+        rows = []
+        for dataset, variant in dict.fromkeys((c["dataset"], c["variant"]) for c in cells):
+            rows.append([_dataset_name(dataset), variant] + [
+                accuracy_text(index[(dataset, variant, m)]) if (dataset, variant, m) in index else "–" for m in values
+            ])
+        lines += ["## Ablation: number of random features m", "",
+                  "Test accuracy %, mean ± std [95% CI] (seeds); the profile's own m is the variant row above.", ""]
+        lines += _table(["dataset", "variant"] + [f"m = {m}" for m in values], rows) + [""]
+        latency_rows = [
+            [_dataset_name(d), v] + [_mean(index[(d, v, m)]["latency_ms_batch1"], digits=3) if (d, v, m) in index else "–" for m in values]
+            for d, v in dict.fromkeys((c["dataset"], c["variant"]) for c in cells)
+        ]
+        lines += ["Inference ms per image (batch 1):", ""]
+        lines += _table(["dataset", "variant"] + [f"m = {m}" for m in values], latency_rows) + [""]
+    cells = _by(aggregated["cells"], "init_from")
+    if cells:
+        scratch = {(c["dataset"], c["variant"]): c for c in _by(aggregated["cells"], "variants")}
+        rows = [
+            [_dataset_name(c["dataset"]), c["variant"],
+             accuracy_text(scratch[(c["dataset"], c["variant"])]) if (c["dataset"], c["variant"]) in scratch else "–",
+             accuracy_text(c), gap_text(c.get("gain_over_scratch"))]
+            for c in cells
+        ]
+        lines += ["## Ablation: from scratch against starting from the trained softmax ViT", "",
+                  f"`--init-from` copies every weight of the same seed's {BASELINE} best.keras whose name and shape "
+                  "match (everything but the kernel's own state); same epochs and schedule as from scratch.", ""]
+        lines += _table(["dataset", "variant", "from scratch", "from softmax", "Δ (init − scratch, paired)"], rows) + [""]
+    return lines
+
+
+def missing_lines(aggregated):
+    runs = aggregated["runs"]
+    lines = [f"Runs finished: **{runs['finished']} of {runs['planned']}**."]
+    if runs["missing"]:
+        by_cell = {}
+        for folder in runs["missing"]:
+            cell, _, seed = folder.rpartition("/")
+            by_cell.setdefault(cell, []).append(seed[4:])
+        lines += ["", "<details><summary>Still missing (cell: seeds)</summary>", ""]
+        lines += [f"- `{cell}`: {', '.join(sorted(seeds, key=int))}" for cell, seeds in by_cell.items()]
+        lines += ["", "</details>"]
+    mixed = [c["directory"] for c in aggregated["cells"] if c.get("mixed_config")]
+    if mixed:
+        lines += ["", f"**Warning:** runs of different settings share a cell (not comparable): {', '.join(mixed)}."]
+    return lines
+
+
+def _device_line(aggregated):
+    devices = ", ".join(aggregated["devices"]) or "none yet"
+    backends = ", ".join(aggregated["backends"]) or "none yet"
+    return f"Device: {devices}; Keras backend: {backends}."
+
+
+def render(aggregated, figures):
+    """README.md text of `aggregated` with the `figures` {name: (drawn, note)}."""
+    commands = aggregated["commands"]
+    cells = aggregated["cells"]
+    datasets = _datasets(cells)
+    lines = [
+        f"# Benchmark `{aggregated['profile']}`: softmax against Performer ViTs with relative positions", "",
+        "Do relative positional encodings (RoPE, STRING, KERPLE) close the accuracy gap between a softmax ViT "
+        "and Performer ViTs (FAVOR+, ReLU), and at what cost? Every number below is read from "
+        "`aggregate.json`, which aggregates the run folders beside it; the commands remake them:", "",
+        "```", commands["benchmark"], commands["report"], "```", "",
+        _device_line(aggregated), "", *missing_lines(aggregated), "",
+        "<details><summary>The profile</summary>", "", "```", aggregated["doc"], "```", "", "</details>", "",
+        "## Main table", "",
+        f"Test accuracy %; ± is the sample std over seeds (ddof 1), the interval the {round(100 * aggregated['confidence'])}% "
+        "Student-t confidence interval of the mean (none with one seed); (finished/planned seeds).", "",
+        *main_table(aggregated), "",
+        f"## Gap to softmax", "",
+        f"Paired over the seeds both runs share (seed k of every variant sees the same data order): mean of "
+        f"acc(variant) − acc(softmax), percentage points, [{round(100 * aggregated['confidence'])}% CI], pairs. "
+        "An interval that contains 0 does not separate the variant from softmax with these seeds.", "",
+        *answer_lines(aggregated), "",
+        *gap_table(aggregated), "",
+    ]
+    for dataset in datasets:
+        rows = _by(cells, "variants", dataset)
+        lines += [f"## {_dataset_name(dataset)} in detail", "",
+                  "Log-likelihood, AIC and BIC on the test split; params trainable; latency on the device above.", ""]
+        lines += detail_table([c for c in rows if _is_main(c)]) + [""]
+        extra = [c for c in rows if not _is_main(c)]
+        if extra:
+            lines += ["Extra rows (exp: deterministic exponential features; linformer: learned sequence projection):", ""]
+            lines += detail_table(extra) + [""]
+    lines += ablation_lines(aggregated)
+    lines += ["## Figures", ""]
+    for dataset in datasets:
+        for name, title in (("pareto", "Accuracy against inference latency"),
+                            ("curves", "Validation curves"), ("saliency", "Saliency maps")):
+            drawn, note = figures.get(f"{name}_{dataset}", (False, "not drawn: no finished run"))
+            lines += [f"**{title}, {_dataset_name(dataset)}.** {note}", ""]
+            if drawn:
+                lines += [f"![{title}, {_dataset_name(dataset)}]({name}_{dataset}.png)", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_readme_section(aggregated, report_path):
+    """The top-level README's results section: the main table, quoted from the report."""
+    settings = ", ".join(f"{k} {v}" for k, v in aggregated["settings"].items())
+    epochs = ", ".join(f"{_dataset_name(d)} {e}" for d, e in aggregated["epochs"].items())
+    runs = aggregated["runs"]
+    lines = [
+        "## Results", "",
+        f"Profile `{aggregated['profile']}` ({settings}; epochs {epochs}; seeds "
+        f"{', '.join(map(str, aggregated['seeds']))}). {_device_line(aggregated)} "
+        f"{runs['finished']} of {runs['planned']} runs of the profile finished. "
+        f"The full report, with the gap to softmax and its intervals, the ablations and the figures: "
+        f"[{report_path}]({report_path}). Remake it with `{aggregated['commands']['benchmark']}` then "
+        f"`{aggregated['commands']['report']}`.", "",
+        *main_table(aggregated), "",
+        "*Answer so far* (Δ test accuracy vs softmax-absolute, percentage points, paired over seeds, 95% CI):", "",
+        *answer_lines(aggregated), "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(aggregated, root, results_dir=None):
+    """Write README.md and the figures of `aggregated` into `root`; README_SECTION.md into `results_dir`.
+
+    Returns: the README path.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    figures = {}
+    rows = _by(aggregated["cells"], "variants")
+    for dataset in _datasets(rows):
+        in_dataset = _by(rows, "variants", dataset)
+        drawn = plot_pareto(in_dataset, dataset, root / f"pareto_{dataset}.png")
+        figures[f"pareto_{dataset}"] = (drawn, "Marker: position; colour: kernel; bars: std over seeds."
+                                        if drawn else "not drawn: no finished run")
+        drawn = plot_curves(in_dataset, dataset, root / f"curves_{dataset}.png")
+        figures[f"curves_{dataset}"] = (drawn, "" if drawn else "not drawn: no history yet")
+        drawn, note = plot_saliency([c for c in in_dataset if _is_main(c)], dataset, root, root / f"saliency_{dataset}.png")
+        figures[f"saliency_{dataset}"] = (drawn, f"First {SALIENCY_IMAGES} test images, true class; method: {note}."
+                                          if drawn else note + ".")
+    readme = root / "README.md"
+    readme.write_text(render(aggregated, figures))
+    if results_dir is not None:
+        relative = os.path.relpath(readme, Path(results_dir).parent)
+        (Path(results_dir) / "README_SECTION.md").write_text(render_readme_section(aggregated, relative))
+    return readme
+
+
+def main(argv=None):
+    from performer_keras.benchmark import add_selection_arguments, profile_root, selected_jobs, write_aggregate
+    from performer_keras.benchmark_profiles import get_profile
+    from performer_keras.run_config import RunError
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_selection_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        profile = get_profile(args.profile)
+        selected = selected_jobs(args, profile)
+    except (RunError, ValueError) as error:
+        print(f"report: error: {error}", file=sys.stderr)
+        return 2
+    root = profile_root(args.results_dir, profile)
+    write_aggregate(profile, args.results_dir, selected)
+    aggregated = json.loads((root / "aggregate.json").read_text())
+    readme = write_report(aggregated, root, args.results_dir)
+    print(f"report: {readme} ({aggregated['runs']['finished']} of {aggregated['runs']['planned']} runs finished)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""The JSON results of one device and backend as a Markdown summary with plots.
+
+    <result_dir>/run.json             the commands that produced the results
+    <result_dir>/bench/*.json         one record per variant and dataset (`bench.profile_variant`)
+    <result_dir>/scaling/*.json       one record per scope and series (`scaling.run_series`)
+    <result_dir>/plots/*.png          written here: time and memory against N, log-log
+    <result_dir>/summary.md           written here
+
+`write_summary(result_dir)` reads whatever is there, so a partial run still
+gets a summary. Plotting uses matplotlib without a display.
+"""
+
+import datetime
+import json
+import math
+import os
+from pathlib import Path
+
+from profiles.scaling import MODES, crossover, fit_exponent
+
+POSITION_ORDER = ("absolute", "rope", "string", "kerple")
+KERNEL_STYLE = {  # kernel -> (colour, line style)
+    "softmax": ("tab:blue", "-"),
+    "softmax-fused": ("tab:purple", "--"),
+    "favor": ("tab:orange", "-"),
+    "relu": ("tab:green", "-"),
+    "exp": ("tab:red", "-"),
+    "linformer": ("tab:brown", "-"),
+}
+MODE_TITLE = {"forward": "forward", "train": "forward + backward"}
+LINEAR_KERNELS = ("favor", "relu", "exp")
+
+
+# === Reading ===
+
+
+def load_results(result_dir):
+    """(manifest, bench records, scaling records) found under `result_dir`."""
+    result_dir = Path(result_dir)
+    manifest_path = result_dir / "run.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"runs": []}
+    read = lambda folder: [json.loads(p.read_text()) for p in sorted((result_dir / folder).glob("*.json"))]
+    return manifest, read("bench"), read("scaling")
+
+
+def append_run(result_dir, entry):
+    """Add (or, for the same `started`, update) one command in `result_dir`/run.json."""
+    path = Path(result_dir) / "run.json"
+    manifest = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    manifest["runs"] = [run for run in manifest["runs"] if run.get("started") != entry.get("started")] + [entry]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def series_key(record):
+    """The kernel as plotted: 'softmax-fused' for fused softmax."""
+    return f"{record['kernel']}-fused" if record.get("fused") else record["kernel"]
+
+
+# === Plots ===
+
+
+def plot_scaling(scaling, out_dir):
+    """Per scope, time and peak memory against N on log-log axes.
+
+    One figure per (scope, quantity): rows are the modes, columns the
+    positions, one line per kernel. Returns {(scope, quantity): path}.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for scope in sorted({s["scope"] for s in scaling}):
+        records = [s for s in scaling if s["scope"] == scope]
+        positions = [p for p in POSITION_ORDER if any(s["position"] == p for s in records)]
+        for quantity, label, scale in (("ms", "time per call (ms)", 1.0), ("peak_bytes", "peak memory (MiB)", 2**-20)):
+            figure, axes = plt.subplots(len(MODES), len(positions), figsize=(4 * len(positions), 3.4 * len(MODES)),
+                                        squeeze=False, sharex=True)
+            for row, mode in enumerate(MODES):
+                for col, position in enumerate(positions):
+                    axis = axes[row][col]
+                    for record in records:
+                        if record["position"] != position:
+                            continue
+                        points = [(p["tokens"], p[mode][quantity] * scale) for p in record["points"]
+                                  if p.get(mode) and p[mode]["status"] == "ok" and p[mode].get(quantity, 0) > 0]
+                        if not points:
+                            continue
+                        colour, style = KERNEL_STYLE.get(series_key(record), ("black", ":"))
+                        axis.plot(*zip(*points), style, marker="o", markersize=3, color=colour,
+                                  label=series_key(record))
+                        failed = next((p for p in record["points"] if p.get(mode)
+                                       and p[mode]["status"] in ("oom", "timeout", "error")), None)
+                        if failed:  # a cross at the last measured value, at the N that failed
+                            axis.plot([failed["tokens"]], [points[-1][1]], "x", color=colour, markersize=8)
+                    axis.set_xscale("log", base=2)
+                    axis.set_yscale("log")
+                    axis.grid(True, which="both", alpha=0.3)
+                    axis.set_title(f"{position}, {MODE_TITLE[mode]}", fontsize=10)
+                    if col == 0:
+                        axis.set_ylabel(label)
+                    if row == len(MODES) - 1:
+                        axis.set_xlabel("tokens N")
+            legend = {}
+            for axis in figure.axes:
+                legend.update(zip(*reversed(axis.get_legend_handles_labels())))
+            figure.legend(legend.values(), legend.keys(), loc="upper right", fontsize=8)
+            figure.suptitle(f"{scope}: {label} against N (x: failed at that N)", fontsize=11)
+            figure.tight_layout(rect=(0, 0, 0.9, 1))
+            path = out_dir / f"{scope}-{'time' if quantity == 'ms' else 'memory'}.png"
+            figure.savefig(path, dpi=90)
+            plt.close(figure)
+            paths[(scope, quantity)] = path
+    return paths
+
+
+# === Tables ===
+
+
+def markdown_table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _number(value, digits=3):
+    if value is None:
+        return "—"
+    if value == 0 or abs(value) >= 10 ** digits:
+        return f"{value:,.0f}"
+    return f"{value:.{max(0, digits - 1 - int(math.floor(math.log10(abs(value)))))}f}"
+
+
+def _mib(value):
+    return "—" if value is None else f"{value / 2**20:,.0f}"
+
+
+def _giga(value):
+    return "—" if value is None else f"{value / 1e9:.3g}"
+
+
+def _tokens(value):
+    return f"{value:,.0f}"
+
+
+def describe_crossover(result, linear_name, softmax_name):
+    """A crossover dict (`scaling.crossover`) in words."""
+    kind = result["kind"]
+    if kind == "interpolated":
+        low, high = result["between"]
+        return f"≈ {_tokens(result['tokens'])} (between {_tokens(low)} and {_tokens(high)})"
+    if kind == "below":
+        return f"≤ {_tokens(result['tokens'])} (faster at every N)"
+    if kind == "none":
+        text = f"none up to N={_tokens(result['up_to'])}"
+        if result.get("softmax_failed"):
+            text += f"; {softmax_name} fails at {_tokens(result['softmax_failed'])}, {linear_name} runs"
+        return text
+    return "—"
+
+
+def bench_section(bench):
+    lines = []
+    for dataset in sorted({b["dataset"] for b in bench}):
+        records = sorted((b for b in bench if b["dataset"] == dataset), key=_variant_order)
+        first = records[0]
+        shape = "x".join(str(s) for s in first.get("image_shape") or []) or "?"
+        lines += [
+            f"### {dataset} resolution ({shape}, {first.get('tokens')} tokens), size `{first.get('size')}`",
+            "",
+            f"Training batch {first.get('batch_size')}; times are medians of warm steps. "
+            "FLOPs per image from the compiled graph (training: forward + backward, no update) "
+            "beside the analytic count of the forward matmuls.",
+            "",
+        ]
+        rows = []
+        for b in records:
+            status = ", ".join(f"{k} {v}" for k, v in (b.get("status") or {}).items() if v != "ok") or "ok"
+            rows.append([
+                f"`{b['variant']}`", "—" if b.get("params") is None else f"{b['params']:,}", _number(b.get("train_step_ms")),
+                _number(b.get("train_images_per_s")), _number(b.get("latency_ms_batch1")),
+                _number(b.get("latency_ms_batch256")), _giga(b.get("train_flops_per_image")),
+                _giga(b.get("inference_flops_per_image")), _giga(b.get("analytic_flops_per_image")),
+                _mib(b.get("peak_memory_bytes")), _mib(b.get("inference_peak_memory_bytes")), status,
+            ])
+        lines += [markdown_table(
+            ["variant", "params", "train ms/step", "images/s", "latency ms/img (b=1)", "latency ms/img (b=256)",
+             "train GFLOP/img", "inference GFLOP/img", "analytic GFLOP/img", "train peak MiB",
+             "inference peak MiB (b=256)", "status"], rows), ""]
+        rows = []
+        for b in records:
+            ops = b.get("top_operations") or []
+            cells = [f"`{op['operation']}` ({op['type']}, {op['share']:.0%})" for op in ops[:3]]
+            trace = b.get("trace_dir")
+            rows.append([f"`{b['variant']}`", *(cells + ["—"] * (3 - len(cells))),
+                         f"[trace]({trace})" if trace else "—"])
+        lines += [
+            "Most expensive operations of each variant in the profiler trace of "
+            f"{first.get('trace_steps', '?')} training steps (self time, share of the busy time; "
+            "names folded over blocks; view with `tensorboard --logdir <trace>`, Profile tab):",
+            "",
+            markdown_table(["variant", "1st", "2nd", "3rd", "trace"], rows), "",
+        ]
+        failed = [(b["variant"], k, b.get("status_detail", {}).get(k, "")) for b in records
+                  for k, v in (b.get("status") or {}).items() if v != "ok"]
+        if failed:
+            lines += ["Failed measurements:", ""] + [f"- `{v}` {k}: {d}" for v, k, d in failed] + [""]
+    return lines
+
+
+def _variant_order(record):
+    kernel_order = list(KERNEL_STYLE)
+    kernel = record.get("attention") or record.get("kernel") or ""
+    key = f"{kernel}-fused" if record.get("fused") else kernel
+    position = record.get("position") or ""
+    return (kernel_order.index(key) if key in kernel_order else 99,
+            POSITION_ORDER.index(position) if position in POSITION_ORDER else 99)
+
+
+def scaling_section(scaling, plots, result_dir):
+    lines = []
+    scopes = sorted({s["scope"] for s in scaling}, key=lambda s: ("layer", "model").index(s))
+    first = scaling[0]
+    config = first["config"]
+    lines += [
+        f"Fixed width {config['width']}, {config['heads']} heads, m = {config['num_features']} features, "
+        f"batch {config['batch_size']}; the model scope is the whole ViT with depth {config['depth']}, "
+        f"MLP {config['mlp_dim']}, patch {config['patch_size']} (a grid of HxW patches is a "
+        f"{config['patch_size']}H x {config['patch_size']}W image). N counts the CLS token. Per point: one "
+        f"compiling call, then up to {first['steps']} timed calls (fewer past {first['max_seconds']:g} s), median; "
+        f"limits {first['time_limit_s']:g} s per point and {first['memory_limit_bytes'] / 2**30:g} GiB resident "
+        "memory (over it: `oom`). Peak memory: "
+        f"{_memory_method_text(first)}.",
+        "",
+    ]
+    for scope in scopes:
+        records = sorted((s for s in scaling if s["scope"] == scope), key=_variant_order)
+        lines += [f"### {scope}: {'one KernelAttention layer' if scope == 'layer' else 'the whole ViT'}", ""]
+        for quantity in ("ms", "peak_bytes"):
+            path = plots.get((scope, quantity))
+            if path:
+                lines += [f"![{scope} {quantity}]({os.path.relpath(path, result_dir)})", ""]
+        lines += _crossover_tables(records, scope)
+        lines += _exponent_table(records)
+        lines += _points_table(records)
+    return lines
+
+
+def _memory_method_text(record):
+    points = [p[m] for p in record["points"] for m in MODES if p.get(m) and p[m].get("memory_method")]
+    method = points[0]["memory_method"] if points else None
+    return {
+        "rss-hwm": "rise of the resident set (VmHWM after minus VmRSS before, heap trimmed and peak reset "
+                   "first), which includes building the model",
+        "tf-gpu-peak": "TensorFlow's GPU allocator peak",
+        "jax-device-peak": "JAX device `peak_bytes_in_use`",
+    }.get(method, method or "not measured")
+
+
+def _baselines(records, linear):
+    """(label, softmax series) to compare `linear` against: same position, absolute, fused."""
+    by_name = {s["series"]: s for s in records}
+    choices = [
+        ("softmax, same position", by_name.get(f"softmax-{linear['position']}")),
+        ("softmax-absolute", by_name.get("softmax-absolute")),
+        ("fused softmax, same position", by_name.get(f"softmax-fused-{linear['position']}")),
+    ]
+    return [(label, s) for label, s in choices if s is not None]
+
+
+def _crossover_tables(records, scope):
+    linear = [s for s in records if s["kernel"] in LINEAR_KERNELS]
+    if not linear:
+        return []
+    labels = []
+    for s in linear:
+        for label, _ in _baselines(records, s):
+            if label not in labels:
+                labels.append(label)
+    lines = []
+    for label in labels:
+        rows = []
+        for s in linear:
+            baseline = dict(_baselines(records, s)).get(label)
+            if baseline is None:
+                continue
+            rows.append([f"`{s['series']}`", f"`{baseline['series']}`", *(
+                describe_crossover(crossover(s, baseline, mode), s["series"], baseline["series"]) for mode in MODES)])
+        lines += [
+            f"Crossover N from which the linear variant is faster than {label} ({scope}):", "",
+            markdown_table(["linear variant", "against", "forward", "forward + backward"], rows), "",
+        ]
+    return lines
+
+
+def _exponent_table(records):
+    rows = []
+    for s in records:
+        cells = []
+        for mode in MODES:
+            for quantity in ("ms", "peak_bytes"):
+                fit = fit_exponent(s, mode, quantity)
+                cells.append("—" if fit is None else f"{fit['exponent']:.2f}")
+        fit = fit_exponent(s, "forward", "ms")
+        span = "—" if fit is None else f"{_tokens(fit['from_tokens'])}–{_tokens(fit['to_tokens'])}"
+        flops = fit_exponent(s, "forward", "flops")
+        rows.append([f"`{s['series']}`", *cells, "—" if flops is None else f"{flops['exponent']:.2f}", span])
+    return [
+        "Fitted exponent k of cost ~ N^k (least squares on log-log over the largest four measured points):", "",
+        markdown_table(["series", "forward time", "forward memory", "fwd+bwd time", "fwd+bwd memory",
+                        "forward graph FLOPs", "N range (forward time)"], rows), "",
+    ]
+
+
+def _points_table(records):
+    tokens = sorted({p["tokens"] for s in records for p in s["points"]})
+    rows = []
+    for s in records:
+        cells = {p["tokens"]: p for p in s["points"]}
+        row = [f"`{s['series']}`"]
+        for n in tokens:
+            point = cells.get(n)
+            row.append("" if point is None else " / ".join(_cell(point.get(m)) for m in MODES))
+        rows.append(row)
+    return [
+        "Milliseconds per call, forward / forward + backward (`oom`, `timeout`, `error`: failed there; "
+        "`skip`: not run after a failure at a smaller N):", "",
+        markdown_table(["series", *(f"N={_tokens(n)}" for n in tokens)], rows), "",
+    ]
+
+
+def _cell(result):
+    if not result:
+        return ""
+    if result["status"] == "ok":
+        return _number(result["ms"])
+    return "skip" if result["status"] == "skipped" else result["status"]
+
+
+def crossover_summary(scaling, scope="layer"):
+    """{linear series: {mode: crossover dict}} against softmax of the same position."""
+    records = sorted((s for s in scaling if s["scope"] == scope), key=_variant_order)
+    summary = {}
+    for s in records:
+        if s["kernel"] not in LINEAR_KERNELS:
+            continue
+        baselines = dict(_baselines(records, s))
+        baseline = baselines.get("fused softmax, same position") or baselines.get("softmax, same position")
+        if baseline is not None:
+            summary[s["series"]] = {mode: crossover(s, baseline, mode) for mode in MODES}
+    return summary
+
+
+# === Summary ===
+
+
+def write_summary(result_dir):
+    """Write `result_dir`/summary.md and its plots from the JSON results there; returns the path."""
+    result_dir = Path(result_dir)
+    manifest, bench, scaling = load_results(result_dir)
+    header = (bench or scaling or [{}])[0]
+    lines = [
+        f"# Cost profiles: {header.get('device', '?')}, Keras backend {header.get('backend', '?')}",
+        "",
+        f"Keras {header.get('keras_version', '?')}, {header.get('backend', '?')} "
+        f"{header.get('backend_version', '?')}. Written by `profiles/report.py` on "
+        f"{datetime.date.today().isoformat()} from the JSON files beside it. Produced by:",
+        "",
+    ]
+    for run in manifest.get("runs", []):
+        took = ""
+        if run.get("finished") and run.get("started"):
+            seconds = (datetime.datetime.fromisoformat(run["finished"])
+                       - datetime.datetime.fromisoformat(run["started"])).total_seconds()
+            took = f"  # {seconds / 60:.0f} min"
+        lines += ["```", f"{run['command']}{took}", "```"]
+    lines.append("")
+    if scaling:
+        lines += _headline(scaling)
+    if bench:
+        lines += ["## Per variant: the full ViT", ""] + bench_section(bench)
+    if scaling:
+        plots = plot_scaling(scaling, result_dir / "plots")
+        lines += ["## Scaling with the number of tokens N", ""] + scaling_section(scaling, plots, result_dir)
+    path = result_dir / "summary.md"
+    path.write_text("\n".join(lines).rstrip() + "\n")
+    return path
+
+
+def _headline(scaling):
+    """The crossover of every linear variant, in one place at the top."""
+    lines = []
+    for scope in ("layer", "model"):
+        summary = crossover_summary(scaling, scope)
+        if not summary:
+            continue
+        against = "fused softmax" if any(s.get("fused") for s in scaling if s["scope"] == scope) else "softmax"
+        lines += [f"Measured crossover N ({scope} scope) from which each linear variant is faster than "
+                  f"{against} with the same position encoding:", ""]
+        rows = [[f"`{name}`", *(describe_crossover(c[mode], name, against) for mode in MODES)]
+                for name, c in summary.items()]
+        lines += [markdown_table(["linear variant", "forward", "forward + backward"], rows), ""]
+    return lines

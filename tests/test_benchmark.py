@@ -1,0 +1,216 @@
+"""The benchmark: queue, kill and resume, aggregate statistics by hand, report.
+
+The end-to-end test runs the `tiny` profile (softmax-absolute and
+favor-absolute, seeds 0 and 1, 300 MNIST examples, 1 epoch) as a real
+subprocess, kills it with SIGKILL once the first run has its metrics.json,
+resumes it in the test process, and checks aggregate.json against numbers
+computed here from the run folders. The other tests need no training.
+"""
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from performer_keras import aggregate, benchmark, report
+from performer_keras.benchmark_profiles import get_profile
+from performer_keras.evaluation import METRIC_KEYS
+from performer_keras.run_config import RunError
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
+# Student t quantiles t_{0.975, df}, from a printed table.
+T975 = {1: 12.706204736174707, 2: 4.302652729911275}
+
+
+def hand_summary(values):
+    """mean, sample std and the 95% interval, the way a reader checks them."""
+    mean = sum(values) / len(values)
+    std = statistics.stdev(values)
+    half = T975[len(values) - 1] * std / math.sqrt(len(values))
+    return mean, std, (mean - half, mean + half)
+
+
+def assert_summary(summary, values):
+    mean, std, (low, high) = hand_summary(values)
+    assert summary["n"] == len(values)
+    assert summary["mean"] == pytest.approx(mean, abs=1e-12)
+    assert summary["std"] == pytest.approx(std, abs=1e-12)
+    assert summary["ci95"] == pytest.approx([low, high], abs=1e-9)
+    assert (summary["min"], summary["max"]) == (min(values), max(values))
+
+
+# === Statistics ===
+
+
+def test_summarize_against_hand_numbers():
+    assert_summary(aggregate.summarize([0.80, 0.90, 0.85]), [0.80, 0.90, 0.85])
+    # 0.85 +- 4.3027 * 0.05 / sqrt(3)
+    assert aggregate.summarize([0.80, 0.90, 0.85])["ci95"] == pytest.approx([0.72579, 0.97421], abs=1e-5)
+    one = aggregate.summarize([0.7, None])
+    assert (one["n"], one["mean"], one["std"], one["ci95"]) == (1, 0.7, None, None)
+    assert aggregate.summarize([None]) is None
+
+
+def test_paired_difference_uses_common_seeds_only():
+    gap = aggregate.paired_difference({0: 0.80, 1: 0.70, 2: 0.75}, {0: 0.85, 1: 0.80, 5: 0.1})
+    assert gap["seeds"] == [0, 1]
+    assert_summary({k: v for k, v in gap.items() if k != "seeds"}, [0.80 - 0.85, 0.70 - 0.80])
+    assert aggregate.paired_difference({0: 0.8}, {1: 0.8}) is None
+
+
+# === The queue ===
+
+
+def test_small_profile_queue_order_and_shared_runs(tmp_path):
+    profile = get_profile("small")
+    jobs = benchmark.plan(profile, tmp_path)
+    rows = [j for j in jobs if j.experiment == "variants"]
+    assert len(rows) == (12 + 7) * 2 * 3  # main table + exp/linformer rows, 2 datasets, 3 seeds
+    # the main table first: all MNIST rows, then CIFAR-10, every seed of a row before the next row
+    main = rows[:72]
+    assert {j.variant for j in main} == set(profile.variants)
+    assert [j.dataset for j in main] == ["mnist"] * 36 + ["cifar10"] * 36
+    assert [(j.variant, j.seed) for j in rows[:4]] == [("softmax-absolute", s) for s in (0, 1, 2)] + [("softmax-rope", 0)]
+    assert jobs.index(rows[-1]) < min(jobs.index(j) for j in jobs if j.experiment != "variants")
+    # m = the profile's m is the variant row's own folder, not a second run
+    shared = [j for j in jobs if j.experiment == "num_features" and j.config.num_features == 16]
+    assert shared and all(j.cell == f"runs/{j.dataset}/{j.variant}" for j in shared)
+    unique = benchmark.unique_runs(jobs, tmp_path)
+    assert len(unique) == len(jobs) - len(shared)
+    init = [j for j in jobs if j.experiment == "init_from"]
+    assert {j.variant for j in init} == {"favor-absolute", "relu-absolute", "linformer-absolute"}
+    assert all(j.config.init_from == str(j.needs) and f"softmax-absolute/seed{j.seed}/best.keras" in str(j.needs)
+               for j in init)
+    narrowed = benchmark.plan(profile, tmp_path, variants=["favor-rope"], datasets=["mnist"], seeds=[7], epochs=1)
+    assert [(j.variant, j.dataset, j.seed, j.config.epochs) for j in narrowed] == [("favor-rope", "mnist", 7, 1)]
+
+
+def test_tuned_profile_takes_searched_hyperparameters_only(tmp_path):
+    profile = dataclasses.replace(get_profile("tuned"), hparams_dir=str(tmp_path))
+    best = tmp_path / "mnist" / "favor-rope" / "best_hparams.json"
+    best.parent.mkdir(parents=True)
+    tuned_run = profile.config("favor-rope", "mnist", 0).to_dict() | {"learning_rate": 3e-4, "limit": 500, "seed": 9}
+    best.write_text(json.dumps({"hyperparameters": tuned_run, "searched": ["learning_rate"]}))
+    config = profile.config("favor-rope", "mnist", 1)
+    assert (config.learning_rate, config.limit, config.seed, config.size) == (3e-4, None, 1, "reference")
+    assert profile.config("relu-rope", "mnist", 1).learning_rate == 1e-3
+    with pytest.raises(RunError, match="Unknown profile 'huge'"):
+        get_profile("huge")
+
+
+# === Aggregate and report of planned, partly finished runs (no training) ===
+
+
+def fake_run(folder, config, accuracy, val_curve):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config.to_dict()))
+    metrics = {key: None for key in METRIC_KEYS} | {
+        "variant": config.variant, "dataset": config.dataset, "seed": config.seed, "test_accuracy": accuracy,
+        "macro_f1": accuracy - 0.01, "log_likelihood": -100.0, "aic": 300.0, "bic": 400.0, "params": 1000,
+        "flops_per_image": 2e6, "train_seconds_per_epoch": 5.0, "latency_ms_batch1": 1.0 + accuracy,
+        "latency_ms_batch256": 0.1, "epochs_to_90": 2 if max(val_curve) >= 0.9 else None,
+        "device": "cpu: test", "backend": "tensorflow",
+    }
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    with open(folder / "history.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["epoch", "accuracy", "val_accuracy"])
+        writer.writerows([epoch, v, v] for epoch, v in enumerate(val_curve))
+
+
+def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
+    profile = get_profile("small")
+    jobs = benchmark.plan(profile, tmp_path, variants=["softmax-absolute", "favor-absolute"], datasets=["mnist"], seeds=[0, 1])
+    root = benchmark.profile_root(tmp_path, profile)
+    accuracy = {}
+    for job in benchmark.unique_runs(jobs, root):
+        if (job.experiment, job.seed, job.config.num_features) == ("num_features", 1, 256):
+            continue  # left unfinished
+        value = {"softmax-absolute": 0.90, "favor-absolute": 0.85}[job.variant] + 0.02 * job.seed
+        value += 0.03 * (job.experiment == "init_from") + job.config.num_features / 10_000
+        accuracy[job.folder(root)] = value
+        fake_run(job.folder(root), job.config, value, [0.5, value])
+
+    result = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))
+    cells = {(c["experiment"], c["label"]): c for c in result["cells"]}
+    favor = cells[("variants", "favor-absolute")]
+    values = [accuracy[root / "runs/mnist/favor-absolute" / f"seed{s}"] for s in (0, 1)]
+    assert_summary(favor["test_accuracy"], values)
+    softmax = [accuracy[root / "runs/mnist/softmax-absolute" / f"seed{s}"] for s in (0, 1)]
+    assert favor["gap_to_softmax"]["mean"] == pytest.approx(statistics.mean(values) - statistics.mean(softmax))
+    init = cells[("init_from", "favor-absolute")]
+    assert init["gain_over_scratch"]["mean"] == pytest.approx(0.03)
+    assert cells[("num_features", "favor-absolute-m16")]["per_seed"] == favor["per_seed"]
+    assert cells[("num_features", "favor-absolute-m256")]["seeds"]["missing"] == [1]
+    assert result["runs"]["missing"] == ["ablations/num_features/mnist/favor-absolute-m256/seed1"]
+    assert favor["val_accuracy_curve"]["mean"] == pytest.approx([0.5, statistics.mean(values)])
+
+    (root / "aggregate.json").write_text(json.dumps(result))
+    readme = report.write_report(json.loads((root / "aggregate.json").read_text()), root, tmp_path).read_text()
+    assert "## Ablation: number of random features m" in readme
+    assert "## Ablation: from scratch against starting from the trained softmax ViT" in readme
+    assert "favor-absolute-m256/seed1" not in readme and "`ablations/num_features/mnist/favor-absolute-m256`: 1" in readme
+    assert f"{100 * statistics.mean(values):.2f}" in readme
+    assert "no best.keras checkpoint" in readme
+    assert (root / "pareto_mnist.png").is_file() and (root / "curves_mnist.png").is_file()
+    assert "small/README.md)" in (tmp_path / "README_SECTION.md").read_text()
+
+
+# === End to end: kill, resume, aggregate by hand, report ===
+
+
+def test_killed_benchmark_resumes_and_aggregates(tmp_path, capsys):
+    command = [sys.executable, "-m", "performer_keras.benchmark", "--profile", "tiny", "--results-dir", str(tmp_path)]
+    process = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    root = tmp_path / "tiny"
+    try:
+        deadline = time.monotonic() + 150
+        while not list(root.glob("runs/*/*/seed*/metrics.json")):
+            assert process.poll() is None, "the benchmark ended before its first run finished"
+            assert time.monotonic() < deadline, "no run finished in time"
+            time.sleep(0.1)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    first = list(root.glob("runs/*/*/seed*/metrics.json"))
+    assert 1 <= len(first) < 4
+    before = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in first}
+
+    capsys.readouterr()
+    assert benchmark.main(["--profile", "tiny", "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"trained {4 - len(first)}, failed 0" in out
+    assert all((path.read_bytes(), path.stat().st_mtime_ns) == kept for path, kept in before.items())
+
+    def accuracies(variant):
+        return [json.loads((root / f"runs/mnist/{variant}/seed{s}/metrics.json").read_text())["test_accuracy"]
+                for s in (0, 1)]
+
+    assert report.main(["--profile", "tiny", "--results-dir", str(tmp_path)]) == 0
+    result = json.loads((root / "aggregate.json").read_text())
+    cells = {c["variant"]: c for c in result["cells"]}
+    softmax, favor = accuracies("softmax-absolute"), accuracies("favor-absolute")
+    assert_summary(cells["softmax-absolute"]["test_accuracy"], softmax)
+    assert_summary(cells["favor-absolute"]["test_accuracy"], favor)
+    gap = cells["favor-absolute"]["gap_to_softmax"]
+    assert gap["seeds"] == [0, 1]
+    assert_summary({k: v for k, v in gap.items() if k not in ("seeds", "baseline")}, [f - s for f, s in zip(favor, softmax)])
+    assert result["runs"] == {"planned": 4, "finished": 4, "missing": []}
+
+    readme = (root / "README.md").read_text()
+    assert "python -m performer_keras.benchmark --profile tiny" in readme
+    assert f"{100 * statistics.mean(favor):.2f} ± {100 * statistics.stdev(favor):.2f}" in readme
+    for name in ("pareto_mnist.png", "curves_mnist.png", "saliency_mnist.png"):
+        assert (root / name).stat().st_size > 1000, name
+    assert "tf-keras-vis SmoothGrad" in readme or "plain input gradient" in readme

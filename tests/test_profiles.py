@@ -1,0 +1,203 @@
+"""Tests of profiles/: the records the profiler writes, the child-process limits,
+exponent fits and crossovers, and the summary.
+
+The end-to-end test runs the command line in this process (`--in-process`) on
+a tiny ViT and a narrow attention layer at two token counts, then reads the
+JSON files back, as a user of the results would.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from profiles import bench, report, scaling
+from profiles.__main__ import main
+
+REPO = Path(__file__).resolve().parent.parent
+# Every per-variant field the issue asks for, each a positive number.
+BENCH_POSITIVE = (
+    "params", "tokens", "batch_size", "train_step_ms", "train_images_per_s", "latency_ms_batch1",
+    "latency_ms_batch256", "train_flops_per_image", "inference_flops_per_image", "analytic_flops_per_image",
+    "peak_memory_bytes", "inference_peak_memory_bytes",
+)
+POINT_POSITIVE = {"forward": ("ms", "peak_bytes", "flops", "analytic_flops"), "train": ("ms", "peak_bytes")}
+# Width 16 keeps the N^2 D term of softmax well above the 8 N D^2 projections at N = 257.
+NARROW = ["--width", "16", "--heads", "2", "--num-features", "16"]
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """Results of `python -m profiles` on two variants, both scopes, N = 256 and 512 patches."""
+    out = tmp_path_factory.mktemp("profiles")
+    main([
+        "softmax-absolute", "favor-absolute", "--size", "tiny", "--batch-size", "4", "--steps", "2",
+        "--trace-steps", "1", "--tokens", "256", "512", "--model-tokens", "64", "128", "--scaling-steps", "2",
+        "--fused-softmax", "--in-process", "--out", str(out), *NARROW,
+    ])
+    (result_dir,) = [p for p in out.glob("*/*") if p.is_dir()]
+    return result_dir
+
+
+def read(path):
+    return json.loads(Path(path).read_text())
+
+
+def test_bench_json_has_every_field_positive(profiled):
+    for variant in ("softmax-absolute", "favor-absolute"):
+        record = read(profiled / "bench" / f"{variant}-mnist.json")
+        assert set(bench.BENCH_FIELDS) <= set(record)
+        for field in BENCH_POSITIVE:
+            assert record[field] > 0, field
+        assert record["status"] == {"train": "ok", "latency_batch256": "ok"}
+        assert record["backend"] == "tensorflow" and record["device"].startswith("cpu")
+        # Training counts forward and backward: about three forward passes.
+        assert 2 < record["train_flops_per_image"] / record["inference_flops_per_image"] < 4
+        # The trace is where the record says, readable by TensorBoard's profile plugin.
+        assert list((profiled / record["trace_dir"]).glob("plugins/profile/*/*.xplane.pb"))
+        assert len(record["top_operations"]) == 3
+        assert all(op["self_ms"] > 0 and 0 < op["share"] <= 1 for op in record["top_operations"])
+
+
+def test_scaling_json_has_every_field_positive(profiled):
+    for scope, tokens in (("layer", [257, 513]), ("model", [65, 129])):
+        for series in ("softmax-absolute", "favor-absolute", "softmax-fused-absolute"):
+            record = read(profiled / "scaling" / f"{scope}-{series}.json")
+            assert record["backend"] == "tensorflow" and record["fused"] == ("fused" in series)
+            assert [p["tokens"] for p in record["points"]] == tokens
+            for point in record["points"]:
+                for mode, fields in POINT_POSITIVE.items():
+                    assert point[mode]["status"] == "ok", (series, point)
+                    for field in fields:
+                        assert point[mode][field] > 0, (series, mode, field)
+
+
+@pytest.mark.parametrize("series, growth", [("softmax-absolute", 4.0), ("favor-absolute", 2.0)])
+def test_flops_of_softmax_grow_4x_per_doubling_favor_2x(profiled, series, growth):
+    small, large = (p["forward"]["flops"] for p in read(profiled / "scaling" / f"layer-{series}.json")["points"])
+    # 257 -> 513 tokens; the linear projections keep softmax a little under 4.
+    assert large / small == pytest.approx(growth, rel=0.08)
+
+
+def test_summary_states_crossovers_and_embeds_plots(profiled):
+    summary = (profiled / "summary.md").read_text()
+    assert "python -m profiles softmax-absolute favor-absolute" in summary
+    assert "Measured crossover N (layer scope)" in summary and "`favor-absolute`" in summary
+    for name in ("layer-time", "layer-memory", "model-time", "model-memory"):
+        assert f"(plots/{name}.png)" in summary
+        assert (profiled / "plots" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    # Rewriting from the JSON alone gives the same tables.
+    assert report.write_summary(profiled).read_text().split("\n", 4)[4] == summary.split("\n", 4)[4]
+
+
+# === Child processes: limits are recorded, the sweep goes on ===
+
+
+@pytest.mark.parametrize("limits, status", [
+    (dict(memory_limit_bytes=2**20), "oom"),  # 1 MiB: the interpreter alone is over it
+    (dict(time_limit_s=0.2), "timeout"),  # a backend does not even import in 0.2 s
+])
+def test_a_failed_point_is_recorded_and_larger_points_skipped(limits, status):
+    record = scaling.run_series("layer", "softmax", "absolute", patches=(64, 128), **limits)
+    first, second = record["points"]
+    assert first["forward"]["status"] == status and first["forward"]["detail"]
+    assert first["train"]["status"] == second["forward"]["status"] == second["train"]["status"] == "skipped"
+
+
+def test_a_point_in_a_child_process():
+    record = scaling.run_series("layer", "relu", "rope", patches=(64,), modes=("forward",), steps=1)
+    (point,) = record["points"]
+    assert point["forward"]["status"] == "ok" and point["forward"]["ms"] > 0 and point["forward"]["flops"] > 0
+    assert "train" not in point
+
+
+def test_the_same_command_runs_on_jax(tmp_path):
+    """The backend is fixed at import, so JAX runs in its own process."""
+    result = subprocess.run(
+        [sys.executable, "-m", "profiles", "favor-string", "--skip-bench", "--scopes", "layer", "--tokens", "64",
+         "128", "--scaling-steps", "1", "--in-process", "--out", str(tmp_path), *NARROW],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "KERAS_BACKEND": "jax"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (record_path,) = tmp_path.glob("*/jax/scaling/layer-favor-string.json")
+    record = read(record_path)
+    assert record["backend"] == "jax"
+    flops = [p["forward"]["flops"] for p in record["points"]]
+    assert all(p["forward"]["status"] == p["train"]["status"] == "ok" for p in record["points"])
+    assert flops[1] / flops[0] == pytest.approx(2.0, rel=0.1)
+
+
+# === Analysis ===
+
+
+def power_law_series(kernel, coefficient, exponent, tokens, failed_from=None):
+    """A series record whose time is coefficient * N^exponent (ms), failing ("oom") from `failed_from`."""
+    points = []
+    for n in tokens:
+        if failed_from and n >= failed_from:
+            mode = dict(status="oom" if n == failed_from else "skipped")
+        else:
+            mode = dict(status="ok", ms=coefficient * n**exponent, peak_bytes=n)
+        points.append(dict(tokens=n, forward=mode, train=mode))
+    return dict(kernel=kernel, position="absolute", fused=False, series=f"{kernel}-absolute", scope="layer",
+                points=points)
+
+
+TOKENS = [65, 129, 257, 513, 1025, 2049]
+
+
+def test_fit_exponent_recovers_a_power_law():
+    series = power_law_series("softmax", 1e-4, 2.0, TOKENS)
+    fit = scaling.fit_exponent(series)
+    assert fit["exponent"] == pytest.approx(2.0) and (fit["from_tokens"], fit["to_tokens"]) == (257, 2049)
+    assert scaling.fit_exponent(series, quantity="peak_bytes")["exponent"] == pytest.approx(1.0)
+    assert scaling.fit_exponent(power_law_series("favor", 1.0, 1.0, TOKENS[:1])) is None
+
+
+def test_crossover_is_exact_for_power_laws():
+    # 1e-3 N^2 = 0.5 N at N = 500: log-log interpolation of the ratio is exact.
+    softmax, favor = power_law_series("softmax", 1e-3, 2.0, TOKENS), power_law_series("favor", 0.5, 1.0, TOKENS)
+    result = scaling.crossover(favor, softmax)
+    assert result["kind"] == "interpolated" and result["between"] == [257, 513]
+    assert result["tokens"] == pytest.approx(500.0)
+    assert "≈ 500 (between 257 and 513)" == report.describe_crossover(result, "favor", "softmax")
+
+
+def test_crossover_below_range_none_and_softmax_failing():
+    softmax = power_law_series("softmax", 1e-3, 2.0, TOKENS)
+    assert scaling.crossover(power_law_series("favor", 1e-3, 1.0, TOKENS), softmax)["kind"] == "below"
+    never = scaling.crossover(power_law_series("favor", 1e4, 1.0, TOKENS), softmax)
+    assert never["kind"] == "none" and never["up_to"] == 2049 and never["softmax_failed"] is None
+    failing = power_law_series("softmax", 1e-3, 2.0, TOKENS, failed_from=1025)
+    result = scaling.crossover(power_law_series("favor", 1e4, 1.0, TOKENS), failing)
+    assert (result["kind"], result["up_to"], result["softmax_failed"]) == ("none", 513, 1025)
+    assert "softmax fails at 1,025" in report.describe_crossover(result, "favor", "softmax")
+
+
+# === Small helpers ===
+
+
+def test_grid_for_is_the_squarest_grid():
+    assert [scaling.grid_for(n) for n in (64, 128, 16384, 12)] == [(8, 8), (8, 16), (128, 128), (3, 4)]
+
+
+def test_device_slug():
+    assert bench.device_slug("cpu: Intel(R) Xeon(R) Processor (2 cores)") == "cpu-xeon-2core"
+    assert bench.device_slug("gpu: NVIDIA H100 80GB HBM3") == "gpu-h100-80gb-hbm3"
+
+
+def test_operation_names_fold_over_blocks():
+    fold = bench._fold_op_name
+    assert fold("gradient_tape/vit_favor_rope_1/block_3_attention_1/rope_3/MatMul_2") == "attention/rope/MatMul (backward)"
+    assert fold("vit_favor_rope_1/block_0_mlp_hidden_1/MatMul") == "mlp_hidden/MatMul"
+
+
+def test_analytic_model_flops_adds_up():
+    # One block of 50 tokens at width 8, MLP 16, 2 heads, softmax, 7x7 patches of 4x4x1, 10 classes.
+    config = dict(patch_size=4, width=8, depth=1, heads=2, mlp_dim=16)
+    expected = 2 * 49 * 16 * 8 + (8 * 50 * 64 + 4 * 50 * 50 * 8) + 4 * 50 * 8 * 16 + 2 * 8 * 10
+    assert bench.analytic_model_flops((28, 28, 1), 10, "softmax", **config) == expected
+    assert expected == 143_904
