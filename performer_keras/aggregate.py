@@ -132,11 +132,12 @@ def aggregate_cell(root, cell):
     """
     runs, configs, curves = {}, {}, []
     for seed, folder in sorted(seed_folders(Path(root) / cell["directory"]).items()):
-        if not (folder / "metrics.json").is_file():
-            continue
-        metrics = json.loads((folder / "metrics.json").read_text())
+        try:
+            metrics = json.loads((folder / "metrics.json").read_text())
+            configs[seed] = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            continue  # unfinished, or being written by a running benchmark
         runs[seed] = {key: metrics.get(key) for key in PER_SEED}
-        configs[seed] = json.loads((folder / "config.json").read_text())
         curves.append(read_history(folder / "history.csv"))
     result = dict(cell)
     result["seeds"] = {"planned": list(cell["seeds"]), "finished": sorted(runs),
@@ -206,7 +207,7 @@ def aggregate(root, cells, **header):
         "confidence": CONFIDENCE,
         "runs": {
             "planned": len(runs), "finished": sum(runs.values()),
-            "missing": sorted(folder for folder, done in runs.items() if not done),
+            "missing": [folder for folder, done in runs.items() if not done],  # queue order
         },
         "devices": sorted({v["device"] for v in per_seed if v["device"]}),
         "backends": sorted({v["backend"] for v in per_seed if v["backend"]}),

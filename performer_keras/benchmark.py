@@ -89,6 +89,7 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
     experiments (num_features at the profile's m is the variant row) is listed
     under each; `unique_runs` keeps its first.
     """
+    from performer_keras.aggregate import BASELINE
     from performer_keras.options import check_choice
 
     for experiment in experiments:
@@ -116,11 +117,10 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
                     for seed in seeds:
                         add(row_job(variant, dataset, seed))
     if "init_from" in experiments:
-        source = "softmax-absolute"
         for dataset in (d for d in datasets if d in profile.init_from.get("datasets", ())):
             for variant in filter(wanted, profile.init_from["variants"]):
                 for seed in seeds:
-                    checkpoint = root / variant_cell(dataset, source) / f"seed{seed}" / "best.keras"
+                    checkpoint = root / variant_cell(dataset, BASELINE) / f"seed{seed}" / "best.keras"
                     config = profile.config(variant, dataset, seed, epochs, init_from=str(checkpoint))
                     cell = f"ablations/init_from/{dataset}/{variant}"
                     add(Job("init_from", dataset, variant, variant, seed, cell, config, needs=checkpoint))
@@ -181,6 +181,8 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print):
     and the queue goes on; a missing init_from checkpoint skips the run.
     `max_runs` stops after that many trainings (finished runs do not count).
     """
+    import keras
+
     from performer_keras.data import DataError
     from performer_keras.run_config import RunError
     from performer_keras.training import TrainingDiverged, train
@@ -208,6 +210,9 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print):
             log(f"{tag}: failed: {error}")
             outcome["failed"].append(str(folder))
             continue
+        finally:
+            # Free the run's graphs and compiled functions: one process trains hundreds of models.
+            keras.backend.clear_session(free_memory=True)
         outcome["trained"].append(str(folder))
         log(f"{tag}: test accuracy {metrics['test_accuracy']:.4f} in {time.perf_counter() - started:.0f} s")
     return outcome

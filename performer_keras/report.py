@@ -11,7 +11,8 @@ then writes, every number taken from that JSON:
     pareto_<dataset>.png  test accuracy against inference latency, Pareto front
     curves_<dataset>.png  validation accuracy per epoch, mean and band over seeds
     saliency_<dataset>.png  saliency maps of a few test images per variant
-    ../README_SECTION.md  the main table and a link, for the top-level README
+    ../README_SECTION.md  for the top-level README: the main table of every
+                          profile in results/ with finished runs, and links
 
 Saliency maps need the runs' best.keras checkpoints (not committed; a rerun
 of the benchmark remakes them) and the TensorFlow backend: SmoothGrad with
@@ -192,23 +193,31 @@ def plot_pareto(cells, dataset, path):
 
 def plot_curves(cells, dataset, path):
     """Validation accuracy per epoch, one panel per kernel, mean line and ±std band per position."""
-    kernels = [k for k in MAIN_KERNELS + ("exp", "linformer") if any(c["variant"].startswith(k + "-") for c in cells)]
+    from matplotlib.ticker import MaxNLocator
+
     with_curves = [c for c in cells if c["val_accuracy_curve"]["epochs"]]
-    if not with_curves:
+    kernels = list(dict.fromkeys(c["variant"].partition("-")[0] for c in with_curves))
+    if not kernels:
         return False
-    figure = _figure(4.2 * len(kernels), 3.8)
+    columns = min(3, len(kernels))
+    rows = math.ceil(len(kernels) / columns)
+    figure = _figure(4.5 * columns, 3.6 * rows + 0.4)
+    first = None
     for index, kernel in enumerate(kernels, 1):
-        axes = figure.add_subplot(1, len(kernels), index)
+        axes = figure.add_subplot(rows, columns, index, sharey=first)
+        first = first or axes
         for c in (c for c in with_curves if c["variant"].startswith(kernel + "-")):
             curve = c["val_accuracy_curve"]
+            position = c["variant"].partition("-")[2]
             mean, std = 100 * np.array(curve["mean"]), 100 * np.array(curve["std"])
-            colour = f"C{list(POSITION_MARKERS).index(c['variant'].partition('-')[2])}"
-            axes.plot(curve["epochs"], mean, marker=POSITION_MARKERS[c["variant"].partition("-")[2]], color=colour,
-                      label=f"{c['label']} ({len(c['seeds']['finished'])})", markersize=4)
+            colour = f"C{list(POSITION_MARKERS).index(position)}"
+            axes.plot(curve["epochs"], mean, marker=POSITION_MARKERS[position], color=colour, markersize=4,
+                      label=f"{c['label']} ({len(c['seeds']['finished'])} seeds)")
             axes.fill_between(curve["epochs"], mean - std, mean + std, color=colour, alpha=0.2)
-        axes.set(title=kernel, xlabel="epoch", ylabel="validation accuracy %" if index == 1 else None)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.set(title=kernel, xlabel="epoch", ylabel="validation accuracy %")
         axes.legend(fontsize=7, loc="lower right")
-    figure.suptitle(f"{_dataset_name(dataset)}: validation accuracy, mean and ±std band over seeds (runs)")
+    figure.suptitle(f"{_dataset_name(dataset)}: validation accuracy, mean and ±std band over seeds")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     return True
@@ -252,6 +261,8 @@ def plot_saliency(cells, dataset, root, path):
     """
     import keras
 
+    if not any(c["seeds"]["finished"] for c in cells):
+        return False, "not drawn: no finished run"
     if keras.backend.backend() != "tensorflow":
         return False, f"not drawn: saliency maps need the TensorFlow backend (this report ran on {keras.backend.backend()})"
     checkpoints = []
@@ -409,9 +420,21 @@ def ablation_lines(aggregated):
     return lines
 
 
+def progress_parts(aggregated):
+    """["main table 36 of 72", "extra rows 0 of 42", ...]: finished of planned runs per part."""
+    parts = {}
+    for c in aggregated["cells"]:
+        name = {"init_from": "init-from", "num_features": "num_features ablation"}.get(
+            c["experiment"], "main table" if _is_main(c) else "extra rows")
+        done, planned = parts.get(name, (0, 0))
+        parts[name] = (done + len(set(c["seeds"]["finished"]) & set(c["seeds"]["planned"])), planned + len(c["seeds"]["planned"]))
+    return [f"{name} {done} of {planned}" for name, (done, planned) in parts.items()]
+
+
 def missing_lines(aggregated):
     runs = aggregated["runs"]
-    lines = [f"Runs finished: **{runs['finished']} of {runs['planned']}**."]
+    lines = [f"Runs finished: **{runs['finished']} of {runs['planned']}** ({'; '.join(progress_parts(aggregated))}; "
+             "the num_features ablation counts the variant rows it shares)."]
     if runs["missing"]:
         by_cell = {}
         for folder in runs["missing"]:
@@ -449,7 +472,7 @@ def render(aggregated, figures):
         f"Test accuracy %; ± is the sample std over seeds (ddof 1), the interval the {round(100 * aggregated['confidence'])}% "
         "Student-t confidence interval of the mean (none with one seed); (finished/planned seeds).", "",
         *main_table(aggregated), "",
-        f"## Gap to softmax", "",
+        "## Gap to softmax", "",
         f"Paired over the seeds both runs share (seed k of every variant sees the same data order): mean of "
         f"acc(variant) − acc(softmax), percentage points, [{round(100 * aggregated['confidence'])}% CI], pairs. "
         "An interval that contains 0 does not separate the variant from softmax with these seeds.", "",
@@ -459,7 +482,9 @@ def render(aggregated, figures):
     for dataset in datasets:
         rows = _by(cells, "variants", dataset)
         lines += [f"## {_dataset_name(dataset)} in detail", "",
-                  "Log-likelihood, AIC and BIC on the test split; params trainable; latency on the device above.", ""]
+                  "Log-likelihood, AIC and BIC on the test split (mean over seeds); params trainable; seconds per "
+                  "epoch (median epoch of a run) and ms per image at batch 1 and 256, mean over seeds, on the device "
+                  "above: timings on a shared machine are noisy, so read small differences with care.", ""]
         lines += detail_table([c for c in rows if _is_main(c)]) + [""]
         extra = [c for c in rows if not _is_main(c)]
         if extra:
@@ -477,28 +502,61 @@ def render(aggregated, figures):
     return "\n".join(lines).rstrip() + "\n"
 
 
-def render_readme_section(aggregated, report_path):
-    """The top-level README's results section: the main table, quoted from the report."""
-    settings = ", ".join(f"{k} {v}" for k, v in aggregated["settings"].items())
-    epochs = ", ".join(f"{_dataset_name(d)} {e}" for d, e in aggregated["epochs"].items())
-    runs = aggregated["runs"]
-    lines = [
-        "## Results", "",
-        f"Profile `{aggregated['profile']}` ({settings}; epochs {epochs}; seeds "
-        f"{', '.join(map(str, aggregated['seeds']))}). {_device_line(aggregated)} "
-        f"{runs['finished']} of {runs['planned']} runs of the profile finished. "
-        f"The full report, with the gap to softmax and its intervals, the ablations and the figures: "
-        f"[{report_path}]({report_path}). Remake it with `{aggregated['commands']['benchmark']}` then "
-        f"`{aggregated['commands']['report']}`.", "",
-        *main_table(aggregated), "",
-        "*Answer so far* (Δ test accuracy vs softmax-absolute, percentage points, paired over seeds, 95% CI):", "",
-        *answer_lines(aggregated), "",
+def render_readme_section(reports):
+    """The top-level README's results section, quoted from the reports.
+
+    Args:
+        reports: [(aggregated, path of its README.md relative to the top level)]
+            of every profile with an aggregate.json. A profile with finished
+            runs shows its main table and the gaps; one without shows a line
+            saying what is missing and how to run it.
+    """
+    lines = ["## Results", ""]
+    for aggregated, report_path in reports:
+        settings = ", ".join(f"{k} {v}" for k, v in aggregated["settings"].items())
+        epochs = ", ".join(f"{_dataset_name(d)} {e}" for d, e in aggregated["epochs"].items())
+        runs = aggregated["runs"]
+        commands = aggregated["commands"]
+        summary = (f"Profile `{aggregated['profile']}` ({settings}; epochs {epochs}; seeds "
+                   f"{', '.join(map(str, aggregated['seeds']))}): {runs['finished']} of {runs['planned']} runs "
+                   f"finished ({'; '.join(progress_parts(aggregated))}).")
+        if not runs["finished"]:
+            lines += [f"{summary} Nothing has run yet; [its report]({report_path}) lists every missing run. "
+                      f"Run it with `{commands['benchmark']}`.", ""]
+            continue
+        lines += [
+            f"{summary} {_device_line(aggregated)} The full report, with the gap to softmax and its intervals, "
+            f"the ablations and the figures: [{report_path}]({report_path}). Remake it with "
+            f"`{commands['benchmark']}` then `{commands['report']}`.", "",
+            *main_table(aggregated), "",
+            f"Δ test accuracy vs {BASELINE} in percentage points, paired over seeds, [95% CI]; cost relative to the "
+            "kernel with absolute positions:", "",
+            *answer_lines(aggregated), "",
+        ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_readme_section(results_dir):
+    """README_SECTION.md in `results_dir` from every results/<profile>/aggregate.json there."""
+    from performer_keras.benchmark_profiles import PROFILES
+
+    results_dir = Path(results_dir)
+    reports = [
+        (json.loads(path.read_text()), os.path.relpath(path.parent / "README.md", results_dir.parent))
+        for path in results_dir.glob("*/aggregate.json")
     ]
-    return "\n".join(lines)
+    order = list(PROFILES)
+    # Profiles with results first, then in the order of benchmark_profiles.
+    reports.sort(key=lambda r: (not r[0]["runs"]["finished"], order.index(r[0]["profile"]) if r[0]["profile"] in order
+                                else len(order), r[0]["profile"]))
+    path = results_dir / "README_SECTION.md"
+    path.write_text(render_readme_section(reports))
+    return path
 
 
 def write_report(aggregated, root, results_dir=None):
-    """Write README.md and the figures of `aggregated` into `root`; README_SECTION.md into `results_dir`.
+    """Write README.md and the figures of `aggregated` into `root`; README_SECTION.md into `results_dir`
+    (from every profile's aggregate.json there).
 
     Returns: the README path.
     """
@@ -512,15 +570,15 @@ def write_report(aggregated, root, results_dir=None):
         figures[f"pareto_{dataset}"] = (drawn, "Marker: position; colour: kernel; bars: std over seeds."
                                         if drawn else "not drawn: no finished run")
         drawn = plot_curves(in_dataset, dataset, root / f"curves_{dataset}.png")
-        figures[f"curves_{dataset}"] = (drawn, "" if drawn else "not drawn: no history yet")
+        figures[f"curves_{dataset}"] = (drawn, "One panel per kernel, one line per position; the legend counts the seeds."
+                                        if drawn else "not drawn: no finished run")
         drawn, note = plot_saliency([c for c in in_dataset if _is_main(c)], dataset, root, root / f"saliency_{dataset}.png")
         figures[f"saliency_{dataset}"] = (drawn, f"First {SALIENCY_IMAGES} test images, true class; method: {note}."
                                           if drawn else note + ".")
     readme = root / "README.md"
     readme.write_text(render(aggregated, figures))
     if results_dir is not None:
-        relative = os.path.relpath(readme, Path(results_dir).parent)
-        (Path(results_dir) / "README_SECTION.md").write_text(render_readme_section(aggregated, relative))
+        write_readme_section(results_dir)
     return readme
 
 

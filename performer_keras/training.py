@@ -162,6 +162,29 @@ def train(config, out_dir, verbose="auto", export_dir=None):
     out_dir = prepare_run_folder(config, out_dir)
     if (out_dir / "metrics.json").exists():
         return read_json(out_dir / "metrics.json")
+    if not training_finished(config, out_dir):
+        _train_model(config, out_dir, verbose)
+    if export_dir is not None:
+        from performer_keras.export import export_saved_model
+
+        export_saved_model(keras.models.load_model(out_dir / "best.keras"), export_dir)
+    return evaluation.evaluate(out_dir)
+
+
+def training_finished(config, out_dir):
+    """True once every epoch is logged and the backup is gone: only evaluation is left.
+
+    BackupAndRestore deletes its backup when fit returns, so a run killed during
+    evaluation would otherwise train again from scratch.
+    """
+    return (
+        not (out_dir / "backup").exists()
+        and (out_dir / "best.keras").exists()
+        and len(_history_rows(out_dir)) == config.epochs
+    )
+
+
+def _train_model(config, out_dir, verbose):
     splits = data.load_dataset(config.dataset, limit=config.limit)
     previous_policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.precision)
@@ -180,11 +203,6 @@ def train(config, out_dir, verbose="auto", export_dir=None):
         _fit(model, config, splits, out_dir, verbose)
     finally:
         keras.config.set_dtype_policy(previous_policy)
-    if export_dir is not None:
-        from performer_keras.export import export_saved_model
-
-        export_saved_model(keras.models.load_model(out_dir / "best.keras"), export_dir)
-    return evaluation.evaluate(out_dir)
 
 
 def _fit(model, config, splits, out_dir, verbose):

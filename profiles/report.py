@@ -231,7 +231,10 @@ def scaling_section(scaling, plots, result_dir):
         f"batch {config['batch_size']}; the model scope is the whole ViT with depth {config['depth']}, "
         f"MLP {config['mlp_dim']}, patch {config['patch_size']} (a grid of HxW patches is a "
         f"{config['patch_size']}H x {config['patch_size']}W image). N counts the CLS token. Per point: one "
-        f"compiling call, then up to {first['steps']} timed calls (fewer past {first['max_seconds']:g} s), median; "
+        f"compiling call, then up to {first['steps']} timed calls (fewer past {first['max_seconds']:g} s; more, "
+        "up to 25, while they take under 1 s in all), median; a compiling call over "
+        f"{first['max_seconds']:g} s is itself the measurement (marked * in the table below: it includes a "
+        "second or two of tracing); "
         f"limits {first['time_limit_s']:g} s per point and {first['memory_limit_bytes'] / 2**30:g} GiB resident "
         "memory (over it: `oom`). Peak memory: "
         f"{_memory_method_text(first)}.",
@@ -337,7 +340,7 @@ def _cell(result):
     if not result:
         return ""
     if result["status"] == "ok":
-        return _number(result["ms"])
+        return _number(result["ms"]) + ("*" if result.get("cold") else "")
     return "skip" if result["status"] == "skipped" else result["status"]
 
 
@@ -381,6 +384,7 @@ def write_summary(result_dir):
     lines.append("")
     if scaling:
         lines += _headline(scaling)
+    lines += _findings(bench, scaling)
     if bench:
         lines += ["## Per variant: the full ViT", ""] + bench_section(bench)
     if scaling:
@@ -405,3 +409,41 @@ def _headline(scaling):
                 for name, c in summary.items()]
         lines += [markdown_table(["linear variant", "forward", "forward + backward"], rows), ""]
     return lines
+
+
+def _findings(bench, scaling):
+    """A few facts read off the tables, so the summary says what they show."""
+    facts = []
+    trained = [b for b in bench if b.get("train_step_ms")]
+    for b in trained:
+        if b["attention"] in LINEAR_KERNELS:
+            softmax = next((s for s in trained if s["attention"] == "softmax" and s["position"] == b["position"]
+                            and s["dataset"] == b["dataset"]), None)
+            ratio = softmax and b["train_step_ms"] / softmax["train_step_ms"]
+            if ratio and ratio > 3:
+                facts.append(
+                    f"At {b['tokens']} tokens (`{b['size']}` ViT, {b['dataset']}), `{b['variant']}` trains "
+                    f"{ratio:.0f}x slower than `{softmax['variant']}` ({_number(b['train_step_ms'])} vs "
+                    f"{_number(softmax['train_step_ms'])} ms per step of {b['batch_size']} images).")
+    for scope in ("layer", "model"):
+        records = [s for s in scaling if s["scope"] == scope]
+        exponents = {}
+        for s in records:
+            fit = fit_exponent(s, "forward", "ms")
+            if fit:
+                exponents.setdefault(series_key(s), []).append((fit["exponent"], fit["to_tokens"]))
+        if exponents:
+            parts = [f"{kernel} {min(e for e, _ in fits):.2f}–{max(e for e, _ in fits):.2f}"
+                     for kernel, fits in sorted(exponents.items(), key=lambda kv: list(KERNEL_STYLE).index(kv[0])
+                                                if kv[0] in KERNEL_STYLE else 99)]
+            facts.append(f"Forward time of the {scope} grows as N^k over its largest measured points with k: "
+                         + ", ".join(parts) + " (range over the positions).")
+        failures = sorted({(p[m]["status"], s["series"], p["tokens"], m) for s in records for p in s["points"]
+                           for m in MODES if p.get(m) and p[m]["status"] in ("oom", "timeout", "error")},
+                          key=lambda f: (f[1], f[2]))
+        if failures:
+            facts.append(f"Failed {scope} points: " + "; ".join(
+                f"`{series}` {MODE_TITLE[mode]} {status} at N={_tokens(n)}" for status, series, n, mode in failures)
+                + ". Larger N of the same mode were not run.")
+    return (["## Findings", ""] + [f"- {fact}" for fact in facts] + [""]) if facts else []
+

@@ -159,6 +159,12 @@ def test_finished_run_is_not_trained_again(softmax_run):
     before = (softmax_run / "metrics.json").stat().st_mtime_ns
     train_ok(*TINY, "--epochs", "1", "--out", softmax_run)
     assert (softmax_run / "metrics.json").stat().st_mtime_ns == before
+    # Killed during evaluation (training done, no metrics yet): only evaluation runs again.
+    checkpoint = (softmax_run / "best.keras").stat().st_mtime_ns
+    (softmax_run / "metrics.json").unlink()
+    train_ok(*TINY, "--epochs", "1", "--out", softmax_run)
+    assert (softmax_run / "metrics.json").exists()
+    assert (softmax_run / "best.keras").stat().st_mtime_ns == checkpoint
 
 
 @pytest.mark.parametrize(
