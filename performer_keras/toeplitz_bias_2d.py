@@ -76,7 +76,7 @@ class ToeplitzBias2D(keras.layers.Layer):
             name="bias", shape=(self.num_heads, 2 * height - 1, 2 * width - 1), initializer="zeros"
         )
         # Flat index of offset p_j - p_i into the table, for the dense matrix.
-        positions = grid_positions(self.grid_size).astype("int64")
+        positions = grid_positions(self.grid_size).astype("int32")  # int32: N^2 entries at large N
         offsets = positions[None, :, :] - positions[:, None, :]  # (P, P, 2): p_j - p_i
         self.offset_index = (offsets[..., 0] + height - 1) * (2 * width - 1) + offsets[..., 1] + width - 1
 

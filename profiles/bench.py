@@ -333,6 +333,10 @@ def top_operations(trace_dir, count=3):
     are marked "(backward)". Device rows are used when there are any (GPU),
     host rows otherwise; idle time is left out.
 
+    JAX on a CPU leaves those statistics empty: its XLA operations run as
+    thunks on the runtime's own threads, so they are ranked from the trace
+    events on those threads instead (`_xla_cpu_operations`).
+
     Returns: list of {"operation", "type", "self_ms", "share"} (share of the
     traced busy self time), most expensive first; [] when there is no trace.
     """
@@ -341,7 +345,12 @@ def top_operations(trace_dir, count=3):
         return []
     from xprof.convert import raw_to_tool_data  # installed with tensorboard-plugin-profile
 
-    data, _ = raw_to_tool_data.xspace_to_tool_data([str(files[-1])], "framework_op_stats", {})
+    return (_framework_operations(raw_to_tool_data, str(files[-1]), count)
+            or _xla_cpu_operations(raw_to_tool_data, str(files[-1]), count))
+
+
+def _framework_operations(raw_to_tool_data, xplane, count):
+    data, _ = raw_to_tool_data.xspace_to_tool_data([xplane], "framework_op_stats", {})
     tables = json.loads(data) if data else []
     rows = []
     for table in tables if isinstance(tables, list) else [tables]:
@@ -357,10 +366,32 @@ def top_operations(trace_dir, count=3):
             continue
         key = (_fold_op_name(name), op_type)
         totals[key] = totals.get(key, 0.0) + self_us
+    return _ranked(totals, count)
+
+
+def _xla_cpu_operations(raw_to_tool_data, xplane, count):
+    """Operations ranked by their time on XLA's CPU threads, from the trace viewer's events."""
+    data, _ = raw_to_tool_data.xspace_to_tool_data([xplane], "trace_viewer", {})
+    events = json.loads(data).get("traceEvents", []) if data else []
+    xla_threads = {(e.get("pid"), e.get("tid")) for e in events
+                   if e.get("ph") == "M" and e.get("name") == "thread_name"
+                   and str(e.get("args", {}).get("name", "")).startswith("tf_XLA")}
+    totals = {}
+    for event in events:
+        # "Thunk::Execute"-style names are the runtime around the operations.
+        if event.get("ph") != "X" or (event.get("pid"), event.get("tid")) not in xla_threads or "::" in event["name"]:
+            continue
+        key = (re.sub(r"\.\d+$", "", event["name"]), "XLA")  # fft.22 -> fft
+        totals[key] = totals.get(key, 0.0) + float(event.get("dur", 0.0))
+    return _ranked(totals, count)
+
+
+def _ranked(totals, count):
+    """[(name, type): microseconds] -> the `count` largest as top_operations entries."""
     busy = sum(totals.values()) or 1.0
     ranked = sorted(totals.items(), key=lambda item: -item[1])[:count]
     return [{"operation": name, "type": op_type, "self_ms": us / 1000.0, "share": us / busy}
-            for (name, op_type), us in ranked]
+            for (name, op_type), us in ranked if us > 0]
 
 
 def _fold_op_name(name):

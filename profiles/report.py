@@ -345,7 +345,8 @@ def _cell(result):
 
 
 def crossover_summary(scaling, scope="layer"):
-    """{linear series: {mode: crossover dict}} against softmax of the same position."""
+    """{linear series: (softmax series, {mode: crossover dict})}, against softmax of the same
+    position (fused when it was swept)."""
     records = sorted((s for s in scaling if s["scope"] == scope), key=_variant_order)
     summary = {}
     for s in records:
@@ -354,7 +355,7 @@ def crossover_summary(scaling, scope="layer"):
         baselines = dict(_baselines(records, s))
         baseline = baselines.get("fused softmax, same position") or baselines.get("softmax, same position")
         if baseline is not None:
-            summary[s["series"]] = {mode: crossover(s, baseline, mode) for mode in MODES}
+            summary[s["series"]] = (baseline["series"], {mode: crossover(s, baseline, mode) for mode in MODES})
     return summary
 
 
@@ -405,8 +406,8 @@ def _headline(scaling):
         against = "fused softmax" if any(s.get("fused") for s in scaling if s["scope"] == scope) else "softmax"
         lines += [f"Measured crossover N ({scope} scope) from which each linear variant is faster than "
                   f"{against} with the same position encoding:", ""]
-        rows = [[f"`{name}`", *(describe_crossover(c[mode], name, against) for mode in MODES)]
-                for name, c in summary.items()]
+        rows = [[f"`{name}`", *(describe_crossover(c[mode], name, baseline) for mode in MODES)]
+                for name, (baseline, c) in summary.items()]
         lines += [markdown_table(["linear variant", "forward", "forward + backward"], rows), ""]
     return lines
 
@@ -442,8 +443,15 @@ def _findings(bench, scaling):
                            for m in MODES if p.get(m) and p[m]["status"] in ("oom", "timeout", "error")},
                           key=lambda f: (f[1], f[2]))
         if failures:
-            facts.append(f"Failed {scope} points: " + "; ".join(
+            limit = records[0]["memory_limit_bytes"] / 2**30
+            facts.append(f"Failed {scope} points (`oom`: over the {limit:g} GiB limit): " + "; ".join(
                 f"`{series}` {MODE_TITLE[mode]} {status} at N={_tokens(n)}" for status, series, n, mode in failures)
                 + ". Larger N of the same mode were not run.")
+    if any(b.get("backend") == "tensorflow" and b.get("position") == "kerple" for b in bench + scaling):
+        facts.append("TensorFlow's profiler counts no FLOPs for FFT ops, so the graph FLOPs of kerple with a "
+                     "linear kernel leave its FFTs out (the analytic count leaves out every position's work).")
+    if not any(s.get("fused") for s in scaling) and scaling:
+        facts.append("Fused softmax (`--fused-softmax`, `ops.dot_product_attention`) was not swept here; "
+                     "crossovers are against the explicit softmax.")
     return (["## Findings", ""] + [f"- {fact}" for fact in facts] + [""]) if facts else []
 

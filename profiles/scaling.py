@@ -51,7 +51,6 @@ from profiles import DEFAULT_PATCHES, SCOPES, bench
 SCALING_CONFIG = dict(width=64, heads=2, num_features=64, batch_size=1,
                       depth=1, mlp_dim=128, patch_size=4, channels=3, num_classes=10)
 MODES = ("forward", "train")
-FAILED = ("oom", "timeout", "error")
 _MAX_CALLS, _CHEAP_SECONDS = 25, 1.0
 
 
@@ -201,12 +200,8 @@ def run_tasks(task, emit):
     """Measure task["points"] ([patches, mode] pairs) in order; stop at the first failure.
 
     Each point sends a "start" event, then a "result" event (with status "ok"
-    or the failure). The backend state is cleared between points, and one
-    tiny point runs first, unrecorded, so that the one-time start-up of the
-    runtime (thread pools, kernel caches) is not charged to the first point.
+    or the failure). The backend state is cleared between points.
     """
-    _optional(lambda: measure_point("layer", "softmax", "absolute", 16, "train", config=task["config"], steps=1))
-    keras.backend.clear_session()
     for patches, mode in task["points"]:
         emit({"event": "start", "patches": patches, "mode": mode})
         try:
@@ -336,8 +331,9 @@ def crossover(linear, softmax, mode="forward", quantity="ms"):
         "interpolated"  tokens = the crossover, between = the two measured N
         "below"         cheaper at every measured N: tokens = the smallest
         "none"          never cheaper: up_to = the largest N both measured;
-                        softmax_failed = the smallest N where softmax failed
-                        (oom, timeout) while `linear` still ran, if any
+                        softmax_failed = the smallest N where softmax did not
+                        run (failed, or skipped after failing at a smaller N
+                        or in the forward pass) while `linear` still ran, if any
         "no-data"       no N measured by both
     """
     lin, soft = dict(ok_points(linear, mode, quantity)), dict(ok_points(softmax, mode, quantity))
@@ -351,7 +347,7 @@ def crossover(linear, softmax, mode="forward", quantity="ms"):
     i = slower[-1]
     if i == len(common) - 1:
         failed = [p["tokens"] for p in softmax["points"]
-                  if p.get(mode) and p[mode]["status"] in FAILED and p["tokens"] in lin]
+                  if p.get(mode) and p[mode]["status"] != "ok" and p["tokens"] in lin]
         return dict(kind="none", tokens=None, up_to=common[-1], softmax_failed=min(failed) if failed else None,
                     ratios=dict(zip(common, ratio)))
     (n0, r0), (n1, r1) = (common[i], ratio[i]), (common[i + 1], ratio[i + 1])
@@ -361,4 +357,8 @@ def crossover(linear, softmax, mode="forward", quantity="ms"):
 
 
 if __name__ == "__main__":
+    # One tiny point first, unrecorded, so that the start-up of a fresh
+    # runtime (thread pools, kernel caches) is not charged to the first point.
+    _optional(lambda: measure_point("layer", "softmax", "absolute", 16, "train", steps=1))
+    keras.backend.clear_session()
     run_tasks(json.loads(sys.argv[1]), bench.emit)
