@@ -13,13 +13,7 @@ line to stderr and exits with status 2, like an argparse usage error.
 import argparse
 import sys
 
-
-def positive_int(text):
-    """argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
+from performer_keras.options import positive_int
 
 
 def parse_args(argv=None):

@@ -26,3 +26,13 @@ def check_non_negative(argument, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{argument} must be an integer >= 0, got {value!r}")
     return value
+
+
+def positive_int(text):
+    """argparse type for the scripts: an integer >= 1."""
+    import argparse
+
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value

@@ -18,17 +18,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from performer_keras.options import positive_int
 from profiles import DEFAULT_PATCHES, SCOPES
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-
-
-def positive_int(text):
-    """argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
 
 
 def parse_args(argv=None):
