@@ -9,6 +9,7 @@ Bad input exits with code 2 and one line on stderr; a diverged run with code 3.
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -21,7 +22,10 @@ def add_run_arguments(parser):
     parser.add_argument("--attention", help="softmax, favor, relu, exp or linformer")
     parser.add_argument("--position", help="absolute, rope, string or kerple")
     parser.add_argument("--dataset", help="mnist or cifar10 (bundled), or any tensorflow-datasets image dataset")
-    parser.add_argument("--limit", type=int, help="use only the first N examples of each split (smoke runs)")
+    parser.add_argument(
+        "--limit", type=limit_arg,
+        help="use only the first N examples of each split (smoke runs); 'all' lifts a limit set by --hparams",
+    )
     parser.add_argument("--size", help="tiny, small (default) or reference (width 256, depth 6, 8 heads, MLP 512, patch 4)")
     for name in ("width", "depth", "heads", "mlp-dim", "patch-size"):
         parser.add_argument(f"--{name}", type=int)
@@ -37,6 +41,13 @@ def add_run_arguments(parser):
     parser.add_argument("--precision", help="float32, mixed_bfloat16 or mixed_float16")
 
 
+def limit_arg(text):
+    """argparse type of --limit: an integer >= 1, or 'all' (every example)."""
+    from performer_keras.options import positive_int
+
+    return text if text == "all" else positive_int(text)
+
+
 def run_config_from_args(args, RunConfig, RunError):
     """Defaults < --hparams file < explicit flags."""
     variant = args.variant
@@ -45,7 +56,12 @@ def run_config_from_args(args, RunConfig, RunError):
             raise RunError("give either --variant or --attention/--position, not both")
         variant = f"{args.attention or 'softmax'}-{args.position or 'absolute'}"
     explicit = {name: getattr(args, name, None) for name in RunConfig.fields() if name != "variant"}
-    return RunConfig.from_sources(getattr(args, "hparams", None), variant=variant, **explicit)
+    lift_limit = explicit.get("limit") == "all"
+    if lift_limit:
+        explicit["limit"] = None
+    config = RunConfig.from_sources(getattr(args, "hparams", None), variant=variant, **explicit)
+    # from_sources reads None as "not given", so lifting a file's limit comes after it.
+    return dataclasses.replace(config, limit=None) if lift_limit else config
 
 
 def main(argv=None):

@@ -211,6 +211,28 @@ def test_hparams_file_sets_the_run(tmp_path, capsys):
     assert code == 2 and "unknown keys ['learning_rat']" in last_line
 
 
+def test_limit_all_lifts_the_limit_of_an_hparams_file(tmp_path):
+    import argparse
+
+    from performer_keras.run_config import RunConfig, RunError
+
+    hparams = tmp_path / "best_hparams.json"
+    hparams.write_text(json.dumps({"limit": 400, "learning_rate": 0.002}))
+    parser = argparse.ArgumentParser()
+    train.add_run_arguments(parser)
+    parser.add_argument("--hparams")
+
+    def config(*args):
+        return train.run_config_from_args(parser.parse_args(["--hparams", str(hparams), *args]), RunConfig, RunError)
+
+    assert config().limit == 400
+    assert config("--limit", "50").limit == 50
+    lifted = config("--limit", "all")
+    assert lifted.limit is None and lifted.learning_rate == 0.002
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--limit", "0"])
+
+
 def test_init_from_softmax_copies_shared_weights(softmax_run, tmp_path):
     import keras
 
