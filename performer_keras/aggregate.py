@@ -17,7 +17,8 @@ metrics.json) of every planned cell and returns one JSON-ready dict:
   acc_s(baseline), summarised like a metric. Seed s of two variants shares
   its data order, so pairing removes the seed's own luck from the gap.
   Each row of the main table is compared with softmax-absolute (the plain
-  softmax ViT) and with softmax at the same position; each init-from run
+  softmax ViT), with softmax at the same position and, for a relative
+  position, with its own kernel at absolute positions; each init-from run
   with the same variant trained from scratch.
 
 Pure Python, numpy and scipy: no Keras, so it runs anywhere the JSON is read.
@@ -165,15 +166,20 @@ def accuracies(cell):
 def add_comparisons(cells):
     """Attach the paired accuracy differences that answer the question, in place.
 
-    variants rows: "gap_to_softmax" (vs softmax-absolute of the same dataset)
-    and "gap_to_softmax_same_position" (vs softmax-<position>);
+    variants rows: "gap_to_softmax" (vs softmax-absolute of the same dataset),
+    "gap_to_softmax_same_position" (vs softmax-<position>) and, for relative
+    positions, "gain_over_absolute" (vs <kernel>-absolute: what the position
+    itself buys the kernel);
     init_from rows: "gain_over_scratch" (vs the variant trained from scratch).
     """
     rows = {(c["dataset"], c["variant"]): c for c in cells if c["experiment"] == "variants"}
     for cell in cells:
-        position = cell["variant"].partition("-")[2]
+        kernel, _, position = cell["variant"].partition("-")
         if cell["experiment"] == "variants":
-            for key, baseline in (("gap_to_softmax", BASELINE), ("gap_to_softmax_same_position", f"softmax-{position}")):
+            comparisons = [("gap_to_softmax", BASELINE), ("gap_to_softmax_same_position", f"softmax-{position}")]
+            if position != "absolute":
+                comparisons.append(("gain_over_absolute", f"{kernel}-absolute"))
+            for key, baseline in comparisons:
                 other = rows.get((cell["dataset"], baseline))
                 cell[key] = None if other is None else {"baseline": baseline, **(paired_difference(accuracies(cell), accuracies(other)) or {})}
         elif cell["experiment"] == "init_from":

@@ -6,7 +6,8 @@ re-aggregates the profile's run folders into aggregate.json (`aggregate.py`),
 then writes, every number taken from that JSON:
 
     README.md             the main table (variants x datasets), the gap to softmax
-                          with intervals, per-dataset detail, the extra rows, the
+                          with intervals and which of them lie above, below or
+                          across 0, per-dataset detail, the extra rows, the
                           ablations, and what is still missing
     pareto_<dataset>.png  test accuracy against inference latency, Pareto front
     curves_<dataset>.png  validation accuracy per epoch, mean and band over seeds
@@ -336,7 +337,8 @@ def gap_table(aggregated):
     index = {(c["dataset"], c["variant"]): c for c in cells}
     header = ["variant"]
     for d in datasets:
-        header += [f"{_dataset_name(d)}: Δ vs {BASELINE}", f"{_dataset_name(d)}: Δ vs softmax, same position"]
+        name = _dataset_name(d)
+        header += [f"{name}: Δ vs {BASELINE}", f"{name}: Δ vs softmax, same position", f"{name}: Δ vs same kernel, absolute"]
     rows = []
     for v in variants:
         row = [v]
@@ -348,9 +350,52 @@ def gap_table(aggregated):
                 same = "(the same)"
             else:
                 same = gap_text(c.get("gap_to_softmax_same_position"))
-            row += ["–" if c is None else gap_text(c.get("gap_to_softmax")), same]
+            if c is None or v.endswith("-absolute"):
+                own = "–"
+            elif v.startswith("softmax-"):
+                own = "(the same)"
+            else:
+                own = gap_text(c.get("gain_over_absolute"))
+            row += ["–" if c is None else gap_text(c.get("gap_to_softmax")), same, own]
         rows.append(row)
     return _table(header, rows)
+
+
+SIDES = ("above 0", "below 0", "contains 0", "no interval yet")
+
+
+def interval_side(gap):
+    """Where a paired difference's interval lies: one of `SIDES`."""
+    if not gap or gap.get("ci95") is None:
+        return "no interval yet"
+    low, high = gap["ci95"]
+    return "above 0" if low > 0 else "below 0" if high < 0 else "contains 0"
+
+
+def verdict_lines(aggregated):
+    """Per dataset, the linear-kernel rows sorted by where their intervals lie.
+
+    Three questions: is there a gap to close (kernel-absolute vs softmax), does
+    a relative position reach softmax (kernel-position vs softmax-absolute), and
+    does the position help the kernel at all (vs kernel-absolute).
+    """
+    cells = [c for c in _by(aggregated["cells"], "variants") if _is_main(c) and not c["variant"].startswith("softmax-")]
+    questions = (
+        ("gap to close (kernel-absolute − softmax-absolute)", "gap_to_softmax", True),
+        ("relative position − softmax-absolute", "gap_to_softmax", False),
+        ("relative position − same kernel, absolute", "gain_over_absolute", False),
+    )
+    lines = []
+    for dataset in _datasets(cells):
+        lines.append(f"- {_dataset_name(dataset)}:")
+        for title, key, absolute in questions:
+            groups = {}
+            for c in cells:
+                if c["dataset"] == dataset and c["variant"].endswith("-absolute") == absolute:
+                    groups.setdefault(interval_side(c.get(key)), []).append(c["variant"])
+            found = "; ".join(f"{side}: {', '.join(groups[side])}" for side in SIDES if side in groups)
+            lines.append(f"  - {title}: {found or 'no run yet'}.")
+    return lines
 
 
 def answer_lines(aggregated):
@@ -476,6 +521,9 @@ def render(aggregated, figures):
         f"Paired over the seeds both runs share (seed k of every variant sees the same data order): mean of "
         f"acc(variant) − acc(softmax), percentage points, [{round(100 * aggregated['confidence'])}% CI], pairs. "
         "An interval that contains 0 does not separate the variant from softmax with these seeds.", "",
+        f"Where the {round(100 * aggregated['confidence'])}% intervals of the linear kernels lie:", "",
+        *verdict_lines(aggregated), "",
+        "Each gap, with the cost of the position:", "",
         *answer_lines(aggregated), "",
         *gap_table(aggregated), "",
     ]
@@ -532,6 +580,8 @@ def render_readme_section(reports):
             f"Δ test accuracy vs {BASELINE} in percentage points, paired over seeds, [95% CI]; cost relative to the "
             "kernel with absolute positions:", "",
             *answer_lines(aggregated), "",
+            "Where the 95% intervals of the linear kernels lie (contains 0: these seeds cannot tell the two apart):", "",
+            *verdict_lines(aggregated), "",
         ]
     return "\n".join(lines).rstrip() + "\n"
 

@@ -68,6 +68,39 @@ def test_paired_difference_uses_common_seeds_only():
     assert aggregate.paired_difference({0: 0.8}, {1: 0.8}) is None
 
 
+def test_comparisons_and_where_their_intervals_lie():
+    def cell(variant, values):
+        per_seed = {str(seed): {"test_accuracy": v} for seed, v in enumerate(values)}
+        return {"experiment": "variants", "dataset": "mnist", "variant": variant, "per_seed": per_seed}
+
+    softmax = [0.90, 0.92, 0.91]
+    favor_absolute = [0.80, 0.83, 0.81]  # below softmax on every seed by 0.10, 0.09, 0.10
+    favor_rope = [0.91, 0.92, 0.93]  # +0.01, 0.00, +0.02 against softmax
+    cells = [cell("softmax-absolute", softmax), cell("favor-absolute", favor_absolute), cell("favor-rope", favor_rope)]
+    aggregate.add_comparisons(cells)
+    favor, rope = cells[1], cells[2]
+    assert_summary({k: v for k, v in favor["gap_to_softmax"].items() if k not in ("seeds", "baseline")},
+                   [a - b for a, b in zip(favor_absolute, softmax)])
+    assert_summary({k: v for k, v in rope["gain_over_absolute"].items() if k not in ("seeds", "baseline")},
+                   [a - b for a, b in zip(favor_rope, favor_absolute)])
+    assert rope["gain_over_absolute"]["baseline"] == "favor-absolute"
+    assert "gain_over_absolute" not in favor
+    # By hand: gaps -0.10, -0.09, -0.10 have std 0.00577, interval -0.0967 +- 0.0143: below 0.
+    # favor-rope - softmax: 0.01, 0.00, 0.02, interval 0.01 +- 0.0248: contains 0.
+    # favor-rope - favor-absolute: 0.11, 0.09, 0.12, interval 0.1067 +- 0.038: above 0.
+    assert report.interval_side(favor["gap_to_softmax"]) == "below 0"
+    assert report.interval_side(rope["gap_to_softmax"]) == "contains 0"
+    assert report.interval_side(rope["gain_over_absolute"]) == "above 0"
+    assert report.interval_side({"mean": 0.1, "ci95": None}) == "no interval yet"
+    lines = report.verdict_lines({"cells": cells})
+    assert lines == [
+        "- MNIST:",
+        "  - gap to close (kernel-absolute − softmax-absolute): below 0: favor-absolute.",
+        "  - relative position − softmax-absolute: contains 0: favor-rope.",
+        "  - relative position − same kernel, absolute: above 0: favor-rope.",
+    ]
+
+
 # === The queue ===
 
 
