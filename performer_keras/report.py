@@ -342,23 +342,23 @@ def gap_table(aggregated):
     rows = []
     for v in variants:
         row = [v]
+        softmax, absolute = v.startswith("softmax-"), v.endswith("-absolute")
         for d in datasets:
             c = index.get((d, v))
-            if c is None or v.startswith("softmax-"):
-                same = "–"
-            elif v.endswith("-absolute"):
-                same = "(the same)"
-            else:
-                same = gap_text(c.get("gap_to_softmax_same_position"))
-            if c is None or v.endswith("-absolute"):
-                own = "–"
-            elif v.startswith("softmax-"):
-                own = "(the same)"
-            else:
-                own = gap_text(c.get("gain_over_absolute"))
-            row += ["–" if c is None else gap_text(c.get("gap_to_softmax")), same, own]
+            row += [
+                "–" if c is None else gap_text(c.get("gap_to_softmax")),
+                _comparison(c, "gap_to_softmax_same_position", same=absolute, absent=softmax),
+                _comparison(c, "gain_over_absolute", same=softmax, absent=absolute),
+            ]
         rows.append(row)
     return _table(header, rows)
+
+
+def _comparison(cell, key, same, absent):
+    """A gap-table entry: "(the same)" when it repeats the Δ vs softmax-absolute column, "–" when it does not apply."""
+    if cell is None or absent:
+        return "–"
+    return "(the same)" if same else gap_text(cell.get(key))
 
 
 SIDES = ("above 0", "below 0", "contains 0", "no interval yet")
