@@ -64,6 +64,23 @@ def make_search(args, variant, strict=True):
     return Search(config, space, algorithm=args.algorithm, max_trials=args.max_trials)
 
 
+def exit_status(prog, command):
+    """Run `command()` and return its exit status; a user error gives 2 and
+    a search with no finished trial 1, each with one line on stderr."""
+    from performer_keras.data import DataError
+    from performer_keras.run_config import RunError
+    from tuning.search import SearchError, SearchFailed
+
+    try:
+        return command()
+    except (UsageError, SearchError, RunError, DataError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+    except SearchFailed as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 1
+
+
 def main(argv=None):
     parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("variant_name", nargs="?", metavar="VARIANT", help="e.g. favor-rope (see train.py --list-variants)")
@@ -71,12 +88,10 @@ def main(argv=None):
     parser.add_argument("--out", help="results folder (default tuning_results/<dataset>/<variant>)")
     parser.add_argument("--show-space", action="store_true", help="print the search space and exit")
 
-    from performer_keras.data import DataError
-    from performer_keras.run_config import RunError
     from tuning import search_spaces
-    from tuning.search import SearchError, SearchFailed, default_out, run_search
+    from tuning.search import default_out, run_search
 
-    try:
+    def tune():
         args = parser.parse_args(argv)
         if args.variant_name and (args.variant or args.attention or args.position):
             raise UsageError("give the variant once: VARIANT or --variant or --attention/--position")
@@ -88,17 +103,12 @@ def main(argv=None):
             print(search_spaces.describe(search.space))
             return 0
         out = args.out or default_out(search.base_config)
-        result = run_search(search, out, verbose=0 if args.quiet else 1)
-    except (UsageError, SearchError, RunError, DataError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    except SearchFailed as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
-        return 1
-    best = result["best"]
-    print(f"best: trial {best['trial_id']}, val_accuracy {best['val_accuracy']:.4f}")
-    print(f"results: {result['out_dir']} (best_hparams.json, summary.md, tensorboard/)")
-    return 0
+        best = run_search(search, out, verbose=0 if args.quiet else 1)["best"]
+        print(f"best: trial {best['trial_id']}, val_accuracy {best['val_accuracy']:.4f}")
+        print(f"results: {out} (best_hparams.json, summary.md, tensorboard/)")
+        return 0
+
+    return exit_status(PROG, tune)
 
 
 if __name__ == "__main__":

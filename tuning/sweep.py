@@ -25,7 +25,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tuning.__main__ import OneLineParser, UsageError, add_search_arguments, make_search  # noqa: E402
+from tuning.__main__ import OneLineParser, UsageError, add_search_arguments, exit_status, make_search  # noqa: E402
 
 PROG = "python -m tuning.sweep"
 
@@ -131,12 +131,10 @@ def main(argv=None):
     parser.add_argument("--out", help="root folder (default tuning_results/<dataset>)")
 
     from performer_keras import list_variants
-    from performer_keras.data import DataError
-    from performer_keras.run_config import RunError
     from tuning import search_spaces
-    from tuning.search import SearchError, SearchFailed, check_search_folder
+    from tuning.search import SearchError, check_search_folder
 
-    try:
+    def sweep():
         args = parser.parse_args(argv)
         if args.variant or args.attention or args.position:
             raise UsageError("give the variants with --variants, not --variant/--attention/--position")
@@ -152,16 +150,12 @@ def main(argv=None):
         root = Path(args.out or Path("tuning_results") / searches[0].base_config.dataset)
         for search in searches:  # refuse before any search starts
             check_search_folder(search, root / search.base_config.variant)
-        rows = run_sweep(searches, root, args.seeds, verbose=0 if args.quiet else 1)
-    except (UsageError, SearchError, RunError, DataError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    except SearchFailed as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
-        return 1
-    print((root / "sweep.md").read_text())
-    print(f"results: {root}")
-    return 0
+        run_sweep(searches, root, args.seeds, verbose=0 if args.quiet else 1)
+        print((root / "sweep.md").read_text())
+        print(f"results: {root}")
+        return 0
+
+    return exit_status(PROG, sweep)
 
 
 if __name__ == "__main__":
