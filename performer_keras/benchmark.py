@@ -81,7 +81,8 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
             in the configs are written under it as given.
         variants: only these rows (may name variants the profile lacks) and
             only the ablation runs of these variants; default all.
-        datasets, seeds: replace the profile's (seeds may add new ones).
+        datasets, seeds: replace the profile's (seeds may add new ones);
+            `seeds` replaces the ablation seeds too.
         epochs: replace the profile's epochs on every dataset.
         experiments: any of `EXPERIMENTS`.
 
@@ -96,7 +97,8 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
         check_choice("experiment", experiment, EXPERIMENTS)
     root = profile_root(results_dir, profile)
     datasets = tuple(datasets or profile.datasets)
-    seeds = tuple(profile.seeds if seeds is None else seeds)
+    main_seeds = tuple(profile.seeds if seeds is None else seeds)
+    ablation_seeds = tuple((profile.ablation_seeds or profile.seeds) if seeds is None else seeds)
     row_groups = [tuple(variants)] if variants else [profile.variants, profile.extra_variants]
     wanted = (lambda v: True) if variants is None else (lambda v: v in variants)
     jobs, configs = [], {}
@@ -110,16 +112,19 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
         config = profile.config(variant, dataset, seed, epochs)
         return Job("variants", dataset, variant, variant, seed, variant_cell(dataset, variant), config)
 
+    def row_seeds(variant):
+        return ablation_seeds if variant in profile.extra_variants else main_seeds
+
     if "variants" in experiments:
         for rows in row_groups:
             for dataset in datasets:
                 for variant in rows:
-                    for seed in seeds:
+                    for seed in row_seeds(variant):
                         add(row_job(variant, dataset, seed))
     if "init_from" in experiments:
         for dataset in (d for d in datasets if d in profile.init_from.get("datasets", ())):
             for variant in filter(wanted, profile.init_from["variants"]):
-                for seed in seeds:
+                for seed in ablation_seeds:
                     checkpoint = root / variant_cell(dataset, BASELINE) / f"seed{seed}" / "best.keras"
                     config = profile.config(variant, dataset, seed, epochs, init_from=str(checkpoint))
                     cell = f"ablations/init_from/{dataset}/{variant}"
@@ -128,10 +133,11 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
         for dataset in (d for d in datasets if d in profile.num_features.get("datasets", ())):
             for variant in filter(wanted, profile.num_features["variants"]):
                 for m in profile.num_features["values"]:
-                    for seed in seeds:
+                    # At the profile's own m the run is the variant row, with the row's seeds.
+                    shared = profile.config(variant, dataset, 0, epochs, num_features=m) == row_job(variant, dataset, 0).config
+                    for seed in row_seeds(variant) if shared else ablation_seeds:
                         config = profile.config(variant, dataset, seed, epochs, num_features=m)
-                        row = row_job(variant, dataset, seed)
-                        cell = row.cell if config == row.config else f"ablations/num_features/{dataset}/{variant}-m{m}"
+                        cell = variant_cell(dataset, variant) if shared else f"ablations/num_features/{dataset}/{variant}-m{m}"
                         add(Job("num_features", dataset, variant, f"{variant}-m{m}", seed, cell, config))
     return jobs
 
@@ -231,7 +237,8 @@ def commands(profile, results_dir):
 def report_header(profile, results_dir):
     """What aggregate.json says about the profile besides the runs."""
     return dict(profile=profile.name, doc=profile.doc, commands=commands(profile, results_dir),
-                settings=profile.settings, epochs=profile.epochs, seeds=list(profile.seeds))
+                settings=profile.settings, epochs=profile.epochs, seeds=list(profile.seeds),
+                ablation_seeds=list(profile.ablation_seeds or profile.seeds))
 
 
 def write_aggregate(profile, results_dir, selected=()):

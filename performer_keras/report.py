@@ -565,9 +565,12 @@ def render_readme_section(reports):
         epochs = ", ".join(f"{_dataset_name(d)} {e}" for d, e in aggregated["epochs"].items())
         runs = aggregated["runs"]
         commands = aggregated["commands"]
-        summary = (f"Profile `{aggregated['profile']}` ({settings}; epochs {epochs}; seeds "
-                   f"{', '.join(map(str, aggregated['seeds']))}): {runs['finished']} of {runs['planned']} runs "
-                   f"finished ({'; '.join(progress_parts(aggregated))}).")
+        seeds = ", ".join(map(str, aggregated["seeds"]))
+        ablation_seeds = aggregated.get("ablation_seeds", aggregated["seeds"])
+        if ablation_seeds != aggregated["seeds"]:
+            seeds = f"{seeds}; extra rows and ablations {', '.join(map(str, ablation_seeds))}"
+        summary = (f"Profile `{aggregated['profile']}` ({settings}; epochs {epochs}; seeds {seeds}): "
+                   f"{runs['finished']} of {runs['planned']} runs finished ({'; '.join(progress_parts(aggregated))}).")
         if not runs["finished"]:
             lines += [f"{summary} Nothing has run yet; [its report]({report_path}) lists every missing run. "
                       f"Run it with `{commands['benchmark']}`.", ""]

@@ -108,20 +108,26 @@ def test_small_profile_queue_order_and_shared_runs(tmp_path):
     profile = get_profile("small")
     jobs = benchmark.plan(profile, tmp_path)
     rows = [j for j in jobs if j.experiment == "variants"]
-    assert len(rows) == (12 + 7) * 2 * 3  # main table + exp/linformer rows, 2 datasets, 3 seeds
+    # the main table (12 variants, 5 seeds), then the exp/linformer rows (7, 3 seeds); 2 datasets each
+    assert len(rows) == 12 * 2 * 5 + 7 * 2 * 3
     # the main table first: all MNIST rows, then CIFAR-10, every seed of a row before the next row
-    main = rows[:72]
+    main = rows[:120]
     assert {j.variant for j in main} == set(profile.variants)
-    assert [j.dataset for j in main] == ["mnist"] * 36 + ["cifar10"] * 36
-    assert [(j.variant, j.seed) for j in rows[:4]] == [("softmax-absolute", s) for s in (0, 1, 2)] + [("softmax-rope", 0)]
+    assert [j.dataset for j in main] == ["mnist"] * 60 + ["cifar10"] * 60
+    assert [(j.variant, j.seed) for j in rows[:6]] == [("softmax-absolute", s) for s in range(5)] + [("softmax-rope", 0)]
+    assert {j.seed for j in rows[120:]} == {0, 1, 2}
     assert jobs.index(rows[-1]) < min(jobs.index(j) for j in jobs if j.experiment != "variants")
-    # m = the profile's m is the variant row's own folder, not a second run
-    shared = [j for j in jobs if j.experiment == "num_features" and j.config.num_features == 16]
+    # m = the profile's m is the variant row's own folder with the row's seeds, not a second run
+    ablation = [j for j in jobs if j.experiment == "num_features"]
+    shared = [j for j in ablation if j.config.num_features == 16]
     assert shared and all(j.cell == f"runs/{j.dataset}/{j.variant}" for j in shared)
+    assert sorted({j.seed for j in shared}) == [0, 1, 2, 3, 4]
+    assert {j.seed for j in ablation if j not in shared} == {0, 1, 2}
     unique = benchmark.unique_runs(jobs, tmp_path)
-    assert len(unique) == len(jobs) - len(shared)
+    assert len(unique) == len(jobs) - len(shared) == 120 + 42 + 18 + 48
     init = [j for j in jobs if j.experiment == "init_from"]
     assert {j.variant for j in init} == {"favor-absolute", "relu-absolute", "linformer-absolute"}
+    assert {j.seed for j in init} == {0, 1, 2}
     assert all(j.config.init_from == str(j.needs) and f"softmax-absolute/seed{j.seed}/best.keras" in str(j.needs)
                for j in init)
     narrowed = benchmark.plan(profile, tmp_path, variants=["favor-rope"], datasets=["mnist"], seeds=[7], epochs=1)
