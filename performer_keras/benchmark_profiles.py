@@ -174,16 +174,16 @@ def small():
 
     Command:
         KERAS_BACKEND=jax python -m performer_keras.benchmark --profile small
-    Expected time (measured in the committed runs, same CPU, JAX): on MNIST
-        30-55 s per run for every variant but favor/relu + kerple, which take
-        about 290 s per run (favor-kerple: 4 epochs of 50-60 s plus evaluation);
-        CIFAR-10 runs cost more (65 tokens, a 15 x 15 FFT grid). The 72 runs of
-        the main table take about 2.5 hours, the extra rows and ablations (108
-        more runs) about as long again. Resumable: each session adds to the
-        same folders.
-    Expected accuracy: MNIST 70-80% (softmax-absolute 72%, favor-rope 78%
-        over seeds 0-2); CIFAR-10 about 25-35%. results/small/README.md has
-        the measured values.
+    Expected time (same CPU, JAX, one session's log of 111 runs, evaluation
+        included): 14-50 s per run (median 22 s) for every variant but a
+        linear kernel (favor, relu, exp) with kerple, which takes 160-225 s
+        (median 200 s); m = 256 runs 50-90 s. The 228 runs: about 3 hours,
+        half of it the 26 linear-kernel kerple runs. Resumable: each session
+        adds to the same folders.
+    Expected accuracy: MNIST 70-80% for the main table (softmax-absolute 72%,
+        favor-rope 78% over seeds 0-2), 85% for linformer, 35-60% for exp;
+        CIFAR-10 about 25-35%. results/small/README.md has the measured
+        values.
     """
     return Profile(
         name="small",
