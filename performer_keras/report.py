@@ -460,7 +460,8 @@ def ablation_lines(aggregated):
         ]
         lines += ["## Ablation: from scratch against starting from the trained softmax ViT", "",
                   f"`--init-from` copies every weight of the same seed's {BASELINE} best.keras whose name and shape "
-                  "match (everything but the kernel's own state); same epochs and schedule as from scratch.", ""]
+                  "match (everything but the kernel's own state); same epochs and schedule as from scratch. The started "
+                  "run has also had the softmax run's training, so its gain mixes what transfers with more steps.", ""]
         lines += _table(["dataset", "variant", "from scratch", "from softmax", "Δ (init − scratch, paired)"], rows) + [""]
     return lines
 
