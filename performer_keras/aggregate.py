@@ -180,15 +180,18 @@ def add_comparisons(cells):
             if position != "absolute":
                 comparisons.append(("gain_over_absolute", f"{kernel}-absolute"))
             for key, baseline in comparisons:
-                other = rows.get((cell["dataset"], baseline))
-                cell[key] = None if other is None else {"baseline": baseline, **(paired_difference(accuracies(cell), accuracies(other)) or {})}
+                cell[key] = _compare(cell, rows.get((cell["dataset"], baseline)), baseline)
         elif cell["experiment"] == "init_from":
             scratch = rows.get((cell["dataset"], cell["variant"]))
-            cell["gain_over_scratch"] = None if scratch is None else {
-                "baseline": f"{cell['variant']} from scratch",
-                **(paired_difference(accuracies(cell), accuracies(scratch)) or {}),
-            }
+            cell["gain_over_scratch"] = _compare(cell, scratch, f"{cell['variant']} from scratch")
     return cells
+
+
+def _compare(cell, other, baseline):
+    """The paired accuracy difference cell - other, named by `baseline`; None without `other`."""
+    if other is None:
+        return None
+    return {"baseline": baseline, **(paired_difference(accuracies(cell), accuracies(other)) or {})}
 
 
 def aggregate(root, cells, **header):

@@ -185,19 +185,14 @@ def small():
         CIFAR-10 about 25-35%. results/small/README.md has the measured
         values.
     """
-    return Profile(
+    return dataclasses.replace(
+        reference(),
         name="small",
         doc=inspect.getdoc(small),
-        variants=tuple(list_variants()),
-        extra_variants=EXTRA_VARIANTS,
-        datasets=("mnist", "cifar10"),
         seeds=(0, 1, 2, 3, 4),
         ablation_seeds=(0, 1, 2),
         epochs={"mnist": 4, "cifar10": 4},
         settings=dict(size="small", num_features=16, batch_size=64, limit=2500),
-        backend="jax",
-        num_features=dict(variants=LINEAR_BASELINES, values=NUM_FEATURES_ABLATION, datasets=("mnist", "cifar10")),
-        init_from=dict(variants=INIT_FROM_VARIANTS, datasets=("mnist", "cifar10")),
     )
 
 
