@@ -13,7 +13,12 @@ line to stderr and exits with status 2, like an argparse usage error.
 import argparse
 import sys
 
-from performer_keras.options import positive_int
+
+def positive_int(text):
+    """argparse type: an integer >= 1 (`options.positive_int`, imported late: performer_keras loads Keras)."""
+    from performer_keras.options import positive_int as check
+
+    return check(text)
 
 
 def parse_args(argv=None):

@@ -1,5 +1,7 @@
 """One place where short option strings are checked (STYLE rule 6)."""
 
+import argparse
+
 KERNELS = ("softmax", "favor", "relu", "exp", "linformer")
 POSITIONS = ("absolute", "rope", "string", "kerple")
 ROTATION_ORDERS = ("before", "after")
@@ -30,8 +32,6 @@ def check_non_negative(argument, value):
 
 def positive_int(text):
     """argparse type for the scripts: an integer >= 1."""
-    import argparse
-
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")

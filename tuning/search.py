@@ -275,7 +275,7 @@ def run_search(search, out_dir, verbose=1, splits=None):
     """Run (or resume) `search` in `out_dir`; write best_hparams.json and summary.md.
 
     `splits`: the loaded dataset, when the caller has it already.
-    Returns {"out_dir", "best": row, "trials": [row, ...], "splits"} with rows
+    Returns {"best": row, "trials": [row, ...]} with rows
     as in `collect_trials`.
 
     Raises:
@@ -309,7 +309,7 @@ def run_search(search, out_dir, verbose=1, splits=None):
         "searched": sorted(search.space),
         "objective": f"{OBJECTIVE} (best epoch, validation split)",
     })
-    return {"out_dir": out_dir, "best": best, "trials": rows, "splits": splits}
+    return {"best": best, "trials": rows}
 
 
 def _check_trainable(hypermodel):
@@ -377,7 +377,7 @@ def write_summary(out_dir, search, rows):
         result = row["result"]
         cells = [
             str(rank) if row[OBJECTIVE] is not None else "-", row["trial_id"], score,
-            *(_format(values[name]) for name in names),
+            *(format_value(values[name]) for name in names),
             str(values["epochs"]), str(result.get("best_epoch", "-")),
             f"{result['seconds']:.1f}" if "seconds" in result else "-", row["status"],
         ]
@@ -385,5 +385,6 @@ def write_summary(out_dir, search, rows):
     Path(out_dir, "summary.md").write_text("\n".join(lines) + "\n")
 
 
-def _format(value):
+def format_value(value):
+    """A hyperparameter value for a Markdown table: floats to 3 significant digits."""
     return f"{value:.3g}" if isinstance(value, float) else str(value)

@@ -56,14 +56,16 @@ def retrain_best(out_dir, best, seed, splits, verbose=0):
 
 def run_sweep(searches, root, extra_seeds=2, verbose=1):
     """Search every variant, retrain each best trial with more seeds, write the table."""
+    from performer_keras import data
     from tuning.search import run_search
 
     root = Path(root)
-    rows, splits = [], None
+    base = searches[0].base_config
+    splits = data.load_dataset(base.dataset, limit=base.limit)  # every search of a sweep reads the same data
+    rows = []
     for search in searches:
         out_dir = root / search.base_config.variant
         result = run_search(search, out_dir, verbose=verbose, splits=splits)
-        splits = result["splits"]  # every search of a sweep reads the same data
         best = result["best"]
         base_seed = best["config"].seed
         scores = {base_seed: best["val_accuracy"]}
@@ -88,6 +90,7 @@ def run_sweep(searches, root, extra_seeds=2, verbose=1):
 
 def write_sweep(root, search, extra_seeds, rows):
     from performer_keras import training
+    from tuning.search import format_value
 
     training.write_json(root / "sweep.json", rows)
     config = search.base_config
@@ -112,14 +115,10 @@ def write_sweep(root, search, extra_seeds, rows):
         cells = [
             row["variant"], str(row["trials"]), row["best_trial"], f"{row['val_accuracy']:.4f}",
             f"{row['mean']:.4f}{std}", f"{min(scores):.4f} – {max(scores):.4f}",
-            *(_format(row["hyperparameters"].get(name, "-")) for name in names),
+            *(format_value(row["hyperparameters"].get(name, "-")) for name in names),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     (root / "sweep.md").write_text("\n".join(lines) + "\n")
-
-
-def _format(value):
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def main(argv=None):
