@@ -40,9 +40,14 @@ def list_variants(extra=False):
     ]
 
 
+def model_config(size="reference", **overrides):
+    """The `build_vit` arguments of `size` (a row of `SIZES`) with `overrides`."""
+    config = dict(SIZES[check_choice("size", size, tuple(SIZES))])
+    config.update(overrides)
+    return config
+
+
 def create_model(name, image_shape=(28, 28, 1), num_classes=10, size="reference", **overrides):
     """Build variant `name` ('favor-rope') at `size`; keyword arguments override the table."""
     attention, position = parse_variant(name)
-    config = dict(SIZES[check_choice("size", size, tuple(SIZES))])
-    config.update(overrides)
-    return build_vit(image_shape, num_classes, attention=attention, position=position, **config)
+    return build_vit(image_shape, num_classes, attention=attention, position=position, **model_config(size, **overrides))

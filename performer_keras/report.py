@@ -106,7 +106,8 @@ def _epochs_to(cell):
     return " / ".join(parts)
 
 
-def _table(header, rows):
+def table_lines(header, rows):
+    """The lines of a Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
     return lines
@@ -130,7 +131,7 @@ def detail_table(cells):
             _mean(c["train_seconds_per_epoch"]), _mean(c["latency_ms_batch1"], digits=3),
             _mean(c["latency_ms_batch256"], digits=3), _epochs_to(c),
         ])
-    return _table(header, rows)
+    return table_lines(header, rows)
 
 
 # === Figures ===
@@ -327,7 +328,7 @@ def main_table(aggregated):
     variants = list(dict.fromkeys(c["variant"] for c in cells))
     index = {(c["dataset"], c["variant"]): c for c in cells}
     rows = [[v] + [accuracy_text(index[(d, v)]) if (d, v) in index else "not planned" for d in datasets] for v in variants]
-    return _table(["variant"] + [f"{_dataset_name(d)} test accuracy %, mean ± std [95% CI] (seeds)" for d in datasets], rows)
+    return table_lines(["variant"] + [f"{_dataset_name(d)} test accuracy %, mean ± std [95% CI] (seeds)" for d in datasets], rows)
 
 
 def gap_table(aggregated):
@@ -351,7 +352,7 @@ def gap_table(aggregated):
                 _comparison(c, "gain_over_absolute", same=softmax, absent=absolute),
             ]
         rows.append(row)
-    return _table(header, rows)
+    return table_lines(header, rows)
 
 
 def _comparison(cell, key, same, absent):
@@ -442,13 +443,13 @@ def ablation_lines(aggregated):
             ])
         lines += ["## Ablation: number of random features m", "",
                   "Test accuracy %, mean ± std [95% CI] (seeds); the profile's own m is the variant row above.", ""]
-        lines += _table(["dataset", "variant"] + [f"m = {m}" for m in values], rows) + [""]
+        lines += table_lines(["dataset", "variant"] + [f"m = {m}" for m in values], rows) + [""]
         latency_rows = [
             [_dataset_name(d), v] + [_mean(index[(d, v, m)]["latency_ms_batch1"], digits=3) if (d, v, m) in index else "–" for m in values]
             for d, v in dict.fromkeys((c["dataset"], c["variant"]) for c in cells)
         ]
         lines += ["Inference ms per image (batch 1):", ""]
-        lines += _table(["dataset", "variant"] + [f"m = {m}" for m in values], latency_rows) + [""]
+        lines += table_lines(["dataset", "variant"] + [f"m = {m}" for m in values], latency_rows) + [""]
     cells = _by(aggregated["cells"], "init_from")
     if cells:
         scratch = {(c["dataset"], c["variant"]): c for c in _by(aggregated["cells"], "variants")}
@@ -462,7 +463,7 @@ def ablation_lines(aggregated):
                   f"`--init-from` copies every weight of the same seed's {BASELINE} best.keras whose name and shape "
                   "match (everything but the kernel's own state); same epochs and schedule as from scratch. The started "
                   "run has also had the softmax run's training, so its gain mixes what transfers with more steps.", ""]
-        lines += _table(["dataset", "variant", "from scratch", "from softmax", "Δ (init − scratch, paired)"], rows) + [""]
+        lines += table_lines(["dataset", "variant", "from scratch", "from softmax", "Δ (init − scratch, paired)"], rows) + [""]
     return lines
 
 

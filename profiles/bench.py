@@ -41,12 +41,11 @@ import numpy as np
 from performer_keras.evaluation import LATENCY_REPEATS, compiled_predict, device_name, measure_latency
 from performer_keras.flops import analytic_attention_flops, count_flops, count_training_flops
 from performer_keras.options import check_choice, check_positive
-from performer_keras.registry import SIZES, create_model, parse_variant
+from performer_keras.registry import create_model, model_config, parse_variant
 
 REPO = Path(__file__).resolve().parent.parent
 # (image shape, classes) of the datasets the project trains on.
 RESOLUTIONS = {"mnist": ((28, 28, 1), 10), "cifar10": ((32, 32, 3), 10)}
-STATUSES = ("ok", "oom", "timeout", "error", "skipped")
 # Children talk to the parent in lines with this prefix; everything else they
 # print (TensorFlow's logs) is ignored.
 EVENT_PREFIX = "PROFILE-JSON "
@@ -151,13 +150,6 @@ def random_batch(image_shape, num_classes, batch_size, seed=0):
     rng = np.random.default_rng(seed)
     images = rng.uniform(0, 255, size=(batch_size, *image_shape)).astype("float32")
     return images, rng.integers(0, num_classes, size=(batch_size,)).astype("int32")
-
-
-def model_config(size="reference", **overrides):
-    """The architecture `create_model` builds for `size` and `overrides`."""
-    config = dict(SIZES[check_choice("size", size, tuple(SIZES))])
-    config.update(overrides)
-    return config
 
 
 def analytic_model_flops(image_shape, num_classes, attention, patch_size, width, depth, heads, mlp_dim,

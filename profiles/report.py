@@ -16,9 +16,11 @@ import math
 import os
 from pathlib import Path
 
-from profiles.scaling import MODES, crossover, fit_exponent
+from performer_keras.options import POSITIONS
+from performer_keras.report import table_lines
+from profiles import SCOPES
+from profiles.scaling import CHEAP_SECONDS, FIT_POINTS, MAX_CALLS, MODES, crossover, fit_exponent, ok_points
 
-POSITION_ORDER = ("absolute", "rope", "string", "kerple")
 KERNEL_STYLE = {  # kernel -> (colour, line style)
     "softmax": ("tab:blue", "-"),
     "softmax-fused": ("tab:purple", "--"),
@@ -76,7 +78,7 @@ def plot_scaling(scaling, out_dir):
     paths = {}
     for scope in sorted({s["scope"] for s in scaling}):
         records = [s for s in scaling if s["scope"] == scope]
-        positions = [p for p in POSITION_ORDER if any(s["position"] == p for s in records)]
+        positions = [p for p in POSITIONS if any(s["position"] == p for s in records)]
         for quantity, label, scale in (("ms", "time per call (ms)", 1.0), ("peak_bytes", "peak memory (MiB)", 2**-20)):
             figure, axes = plt.subplots(len(MODES), len(positions), figsize=(4 * len(positions), 3.4 * len(MODES)),
                                         squeeze=False, sharex=True)
@@ -86,8 +88,7 @@ def plot_scaling(scaling, out_dir):
                     for record in records:
                         if record["position"] != position:
                             continue
-                        points = [(p["tokens"], p[mode][quantity] * scale) for p in record["points"]
-                                  if p.get(mode) and p[mode]["status"] == "ok" and p[mode].get(quantity, 0) > 0]
+                        points = [(n, v * scale) for n, v in ok_points(record, mode, quantity) if v > 0]
                         if not points:
                             continue
                         colour, style = KERNEL_STYLE.get(series_key(record), ("black", ":"))
@@ -122,9 +123,7 @@ def plot_scaling(scaling, out_dir):
 
 
 def markdown_table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return "\n".join(table_lines(header, rows))
 
 
 def _number(value, digits=3):
@@ -218,12 +217,12 @@ def _variant_order(record):
     key = f"{kernel}-fused" if record.get("fused") else kernel
     position = record.get("position") or ""
     return (kernel_order.index(key) if key in kernel_order else 99,
-            POSITION_ORDER.index(position) if position in POSITION_ORDER else 99)
+            POSITIONS.index(position) if position in POSITIONS else 99)
 
 
 def scaling_section(scaling, plots, result_dir):
     lines = []
-    scopes = sorted({s["scope"] for s in scaling}, key=lambda s: ("layer", "model").index(s))
+    scopes = sorted({s["scope"] for s in scaling}, key=SCOPES.index)
     first = scaling[0]
     config = first["config"]
     lines += [
@@ -232,7 +231,7 @@ def scaling_section(scaling, plots, result_dir):
         f"MLP {config['mlp_dim']}, patch {config['patch_size']} (a grid of HxW patches is a "
         f"{config['patch_size']}H x {config['patch_size']}W image). N counts the CLS token. Per point: one "
         f"compiling call, then up to {first['steps']} timed calls (fewer past {first['max_seconds']:g} s; more, "
-        "up to 25, while they take under 1 s in all), median; a compiling call over "
+        f"up to {MAX_CALLS}, while they take under {CHEAP_SECONDS:g} s in all), median; a compiling call over "
         f"{first['max_seconds']:g} s is itself the measurement (marked * in the table below: it includes a "
         "second or two of tracing); "
         f"limits {first['time_limit_s']:g} s per point and {first['memory_limit_bytes'] / 2**30:g} GiB resident "
@@ -303,17 +302,14 @@ def _crossover_tables(records, scope):
 def _exponent_table(records):
     rows = []
     for s in records:
-        cells = []
-        for mode in MODES:
-            for quantity in ("ms", "peak_bytes"):
-                fit = fit_exponent(s, mode, quantity)
-                cells.append("—" if fit is None else f"{fit['exponent']:.2f}")
-        fit = fit_exponent(s, "forward", "ms")
+        fits = {(mode, quantity): fit_exponent(s, mode, quantity) for mode in MODES for quantity in ("ms", "peak_bytes")}
+        cells = ["—" if fit is None else f"{fit['exponent']:.2f}" for fit in fits.values()]
+        fit = fits[("forward", "ms")]
         span = "—" if fit is None else f"{_tokens(fit['from_tokens'])}–{_tokens(fit['to_tokens'])}"
         flops = fit_exponent(s, "forward", "flops")
         rows.append([f"`{s['series']}`", *cells, "—" if flops is None else f"{flops['exponent']:.2f}", span])
     return [
-        "Fitted exponent k of cost ~ N^k (least squares on log-log over the largest four measured points):", "",
+        f"Fitted exponent k of cost ~ N^k (least squares on log-log over the largest {FIT_POINTS} measured points):", "",
         markdown_table(["series", "forward time", "forward memory", "fwd+bwd time", "fwd+bwd memory",
                         "forward graph FLOPs", "N range (forward time)"], rows), "",
     ]
@@ -399,7 +395,7 @@ def write_summary(result_dir):
 def _headline(scaling):
     """The crossover of every linear variant, in one place at the top."""
     lines = []
-    for scope in ("layer", "model"):
+    for scope in SCOPES:
         summary = crossover_summary(scaling, scope)
         if not summary:
             continue
@@ -426,7 +422,7 @@ def _findings(bench, scaling):
                     f"At {b['tokens']} tokens (`{b['size']}` ViT, {b['dataset']}), `{b['variant']}` trains "
                     f"{ratio:.0f}x slower than `{softmax['variant']}` ({_number(b['train_step_ms'])} vs "
                     f"{_number(softmax['train_step_ms'])} ms per step of {b['batch_size']} images).")
-    for scope in ("layer", "model"):
+    for scope in SCOPES:
         records = [s for s in scaling if s["scope"] == scope]
         exponents = {}
         for s in records:

@@ -38,6 +38,7 @@ import time
 import keras
 import numpy as np
 
+from performer_keras.evaluation import compiled_predict
 from performer_keras.flops import analytic_attention_flops, count_flops
 from performer_keras.kernel_attention import KernelAttention
 from performer_keras.options import check_choice, check_positive
@@ -51,7 +52,9 @@ from profiles import DEFAULT_PATCHES, SCOPES, bench
 SCALING_CONFIG = dict(width=64, heads=2, num_features=64, batch_size=1,
                       depth=1, mlp_dim=128, patch_size=4, channels=3, num_classes=10)
 MODES = ("forward", "train")
-_MAX_CALLS, _CHEAP_SECONDS = 25, 1.0
+MAX_CALLS, CHEAP_SECONDS = 25, 1.0
+# Points of a series that `fit_exponent` fits by default: the largest N.
+FIT_POINTS = 4
 
 
 def grid_for(patches):
@@ -103,10 +106,9 @@ def compiled_passes(model, scope):
     else:
         loss_fn = lambda labels, outputs: keras.ops.mean(
             keras.losses.sparse_categorical_crossentropy(labels, outputs))
+    forward = compiled_predict(model)
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
-
-        forward = tf.function(lambda x: model(x, training=False), autograph=False)
 
         @tf.function(autograph=False)
         def train(x, y):
@@ -120,22 +122,19 @@ def compiled_passes(model, scope):
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
 
-    def infer(trainable, non_trainable, x):
-        return model.stateless_call(trainable, non_trainable, x, training=False)[0]
-
     def loss(trainable, non_trainable, x, y):
         return loss_fn(y, model.stateless_call(trainable, non_trainable, x, training=True)[0])
 
-    infer, grad = jax.jit(infer), jax.jit(jax.value_and_grad(loss))
-    return (lambda x: infer(trainable, non_trainable, x)), (lambda x, y: grad(trainable, non_trainable, x, y))
+    grad = jax.jit(jax.value_and_grad(loss))
+    return forward, (lambda x, y: grad(trainable, non_trainable, x, y))
 
 
 def time_calls(function, args, steps=3, max_seconds=20.0):
     """Compile-and-run once, then time `steps` calls and keep the median.
 
     Timing stops early once the timed calls pass `max_seconds` (at least one
-    is timed), and goes on up to `_MAX_CALLS` while they stay under
-    `_CHEAP_SECONDS` in all: millisecond calls on a shared machine need more
+    is timed), and goes on up to `MAX_CALLS` while they stay under
+    `CHEAP_SECONDS` in all: millisecond calls on a shared machine need more
     than three samples for a steady median. A compiling call that alone
     takes over `max_seconds` is the measurement (`cold`: True): tracing and
     compiling add a second or two, a few percent of such a call, and a
@@ -152,7 +151,7 @@ def time_calls(function, args, steps=3, max_seconds=20.0):
         return dict(ms=compile_s * 1000.0, ms_all=[], compile_s=compile_s, cold=True)
     seconds = []
     while not seconds or (len(seconds) < steps and sum(seconds) < max_seconds) or (
-            len(seconds) < _MAX_CALLS and sum(seconds) < _CHEAP_SECONDS):
+            len(seconds) < MAX_CALLS and sum(seconds) < CHEAP_SECONDS):
         start = time.perf_counter()
         wait(function(*args))
         seconds.append(time.perf_counter() - start)
@@ -290,12 +289,6 @@ def _point(patches, modes):
     return dict(patches=patches, grid=list(grid), tokens=patches + 1, **modes)
 
 
-def sweep(series, scopes=SCOPES, **kwargs):
-    """`run_series` for every (kernel, position, fused) in `series` and every scope."""
-    return [run_series(scope, kernel, position, fused, **kwargs) for scope in scopes
-            for kernel, position, fused in series]
-
-
 # === Analysis ===
 
 
@@ -305,7 +298,7 @@ def ok_points(series, mode, quantity="ms"):
             if p.get(mode) and p[mode]["status"] == "ok" and p[mode].get(quantity)]
 
 
-def fit_exponent(series, mode="forward", quantity="ms", largest=4):
+def fit_exponent(series, mode="forward", quantity="ms", largest=FIT_POINTS):
     """k of cost ~ N^k: least squares on log-log of the `largest` successful points.
 
     The largest points, because at small N fixed costs (projections, call
