@@ -174,12 +174,12 @@ def small():
 
     Command:
         KERAS_BACKEND=jax python -m performer_keras.benchmark --profile small
-    Expected time (same CPU, JAX, one session's log of 111 runs, evaluation
-        included): 14-50 s per run (median 22 s) for every variant but a
-        linear kernel (favor, relu, exp) with kerple, which takes 160-225 s
-        (median 200 s); m = 256 runs 50-90 s. The 228 runs: about 3 hours,
-        half of it the 26 linear-kernel kerple runs. Resumable: each session
-        adds to the same folders.
+    Expected time (same CPU, JAX, evaluation included; 159 runs timed in
+        results/small/benchmark_log.txt): 14-48 s per run (median 22 s) for
+        every variant but a linear kernel (favor, relu, exp) with kerple,
+        which takes 161-227 s (median 202 s); m = 256 runs 35-93 s. The 228
+        runs: about 3 hours, half of it the 26 linear-kernel kerple runs.
+        Resumable: each session adds to the same folders.
     Expected accuracy: MNIST 70-80% for the main table (softmax-absolute 72%,
         favor-rope 78% over seeds 0-2), 85% for linformer, 35-60% for exp;
         CIFAR-10 about 25-35%. results/small/README.md has the measured
