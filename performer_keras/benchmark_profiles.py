@@ -159,18 +159,14 @@ def small():
     from the softmax-absolute run; m in {16, 32, 64, 128, 256} for favor-absolute
     and relu-absolute.
 
-    Why these numbers: with the TensorFlow backend a favor/relu + kerple
-    training step (batch 128, m = 16) took 7-8 s on this CPU, with JAX 3-4 s
-    (its FFT is faster), while the other variants take 0.1-0.6 s per step; the
-    Toeplitz FFT correlates m (d + 1) channels per head, so m and the number of
-    training examples are what the kerple rows cost. Batch 64 reached 82%
-    MNIST test accuracy where batch 128 reached 66% in the same 5 epochs of
-    3,000 examples (the steps, not the examples, are what these runs lack).
-
-    Measured before choosing (shared, busy 2-core CPU, JAX, 3,000 examples,
-    batch 64, one whole run each, evaluation included): softmax-absolute on
-    MNIST 45 s for 5 epochs (6.5 s per epoch); favor-kerple on MNIST 442 s for
-    5 epochs (79 s per epoch); relu-kerple on CIFAR-10 165 s per epoch.
+    Why these numbers: the Toeplitz FFT of kerple with a linear kernel
+    correlates m (d + 1) channels per head, so m and the number of training
+    examples are what those rows cost; in this profile's runs favor-kerple
+    takes 49.6 s per epoch on MNIST against 3.7 s for favor-absolute (s/epoch
+    in results/small/README.md). m = 16 and 2,500 examples keep the dearest
+    run under 4 minutes on this CPU; batch 64 rather than 128 gives these
+    short runs twice the optimizer steps. The JAX backend: the reference
+    profile's GPU path, so both tables run the same code.
 
     Command:
         KERAS_BACKEND=jax python -m performer_keras.benchmark --profile small
