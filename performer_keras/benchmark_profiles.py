@@ -236,7 +236,56 @@ def tiny():
     )
 
 
+# === Pilots of the cpu profile ===
+#
+# Where is there a softmax-Performer gap that this CPU can afford to measure?
+# Each pilot trains softmax, favor and relu with absolute positions on the full
+# CIFAR-10 (judged on validation accuracy only) for a few epochs, 2 seeds, on
+# TensorFlow (the fastest CPU path). The settings differ in the one lever that
+# costs nothing here: the number of random features against the head
+# dimension. More tokens (patch 2: 257 tokens) and wider or deeper models cost
+# 2-7x the softmax step on this CPU (results/cpu-pilots/cost.json), which the
+# 18-hour budget of the main table cannot pay.
+PILOT_VARIANTS = ("softmax-absolute", "favor-absolute", "relu-absolute")
+PILOT_SETTINGS = dict(size="small", num_features=16, batch_size=256, learning_rate=2e-3)
+PILOTS = {
+    # Head dimension 16, m = 16: as many features as head dimensions.
+    "d16": dict(heads=4),
+    # Head dimension 32, m = 16: half as many features as head dimensions.
+    "d32": dict(heads=2),
+}
+
+
+def pilot(setting):
+    """A pilot of the cpu profile: is there a gap at setting `setting` of `PILOTS`?
+
+    softmax-absolute, favor-absolute and relu-absolute, CIFAR-10 (45,000 /
+    5,000 / 10,000), 8 epochs, seeds 0 and 1, batch 256, AdamW 2e-3 (one
+    warmup epoch, cosine decay), size small (width 64, depth 2, patch 4) with
+    m = 16 random features; TensorFlow. The pilot is judged on validation
+    accuracy (`python -m performer_keras.pilots`); the test metrics are
+    written by the same code as every run but not used to choose.
+
+    Command:
+        python -m performer_keras.benchmark --profile pilot-d16
+    Expected time: 4-5 minutes a run, 6 runs (2-core CPU, TensorFlow).
+    Expected accuracy: 50-60% on CIFAR-10 after 8 epochs.
+    """
+    return Profile(
+        name=f"cpu-pilots/{setting}",
+        doc=inspect.getdoc(pilot),
+        variants=PILOT_VARIANTS,
+        extra_variants=(),
+        datasets=("cifar10",),
+        seeds=(0, 1),
+        epochs={"cifar10": 8},
+        settings=dict(PILOT_SETTINGS, **PILOTS[setting]),
+        backend="tensorflow",
+    )
+
+
 PROFILES = {f.__name__: f for f in (reference, small, tuned, tiny)}
+PROFILES.update({f"pilot-{setting}": (lambda setting=setting: pilot(setting)) for setting in PILOTS})
 
 
 def get_profile(name):
