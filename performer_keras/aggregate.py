@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from performer_keras import atomic
+
 CONFIDENCE = 0.95
 BASELINE = "softmax-absolute"
 # Metrics summarised over seeds (mean, std, min, max, interval).
@@ -228,5 +230,5 @@ def write_aggregate(root, cells, **header):
     """`aggregate` and write it to `root`/aggregate.json; returns the dict."""
     result = aggregate(root, cells, **header)
     Path(root).mkdir(parents=True, exist_ok=True)
-    (Path(root) / "aggregate.json").write_text(json.dumps(result, indent=1) + "\n")
+    atomic.write_json(Path(root) / "aggregate.json", result, indent=1, sort_keys=False)
     return result

@@ -28,6 +28,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from performer_keras import atomic
 from performer_keras.data import load_dataset
 from performer_keras.flops import BACKENDS, count_flops, count_saved_model_flops
 from performer_keras.kernel_attention import KernelAttention
@@ -414,11 +415,12 @@ def evaluate(path, dataset=None, limit=None, batch_size=256, out=None):
     }
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     title = f"{metrics['variant'] or path.name} on {dataset}: accuracy {metrics['test_accuracy']:.4f}"
     plot_confusion_matrix(metrics["confusion_matrix"], splits.label_names, out / "confusion_matrix.png", title)
     if kind == "run" and (path / "export" / "saved_model.pb").is_file():
         check_export(path / "export", images, labels, probabilities, batch_size, out)
+    # Last: a run folder with metrics.json is finished, so everything else must be written by now.
+    atomic.write_json(out / "metrics.json", metrics, sort_keys=False)
     return metrics
 
 
@@ -439,7 +441,7 @@ def check_export(export_path, images, labels, probabilities, batch_size, out):
         "saved_model_accuracy": float(np.mean(exported.argmax(axis=1) == labels)),
         "tolerance": EXPORT_TOLERANCE,
     }
-    (out / "export_agreement.json").write_text(json.dumps(agreement, indent=2) + "\n")
+    atomic.write_json(out / "export_agreement.json", agreement, sort_keys=False)
     if agreement["max_abs_difference"] > EXPORT_TOLERANCE:
         raise EvaluationError(
             f"{export_path} disagrees with best.keras: max |p difference| "
@@ -479,7 +481,7 @@ def plot_confusion_matrix(confusion, class_names, path, title=""):
             axes.text(column, row, str(count), ha="center", va="center", color=colour, fontsize=8)
     figure.colorbar(image, ax=axes, label="fraction of the true class")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    atomic.save_figure(figure, path, dpi=100)
 
 
 def format_table(metrics):

@@ -34,6 +34,7 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from performer_keras.aggregate import BASELINE  # noqa: E402
+from performer_keras import atomic  # noqa: E402
 from performer_keras.registry import MAIN_KERNELS  # noqa: E402
 
 DATASET_NAMES = {"mnist": "MNIST", "cifar10": "CIFAR-10"}
@@ -189,7 +190,7 @@ def plot_pareto(cells, dataset, path):
              ylabel="test accuracy %", title=f"{_dataset_name(dataset)}: accuracy against latency (mean ± std over seeds)")
     axes.legend(loc="lower right")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    atomic.save_figure(figure, path, dpi=110)
     return True
 
 
@@ -221,7 +222,7 @@ def plot_curves(cells, dataset, path):
         axes.legend(fontsize=7, loc="lower right")
     figure.suptitle(f"{_dataset_name(dataset)}: validation accuracy, mean and ±std band over seeds")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    atomic.save_figure(figure, path, dpi=110)
     return True
 
 
@@ -302,7 +303,7 @@ def plot_saliency(cells, dataset, root, path):
             if row == 0:
                 axes.set_title(title, fontsize=6, rotation=30)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    atomic.save_figure(figure, path, dpi=110)
     return True, "; ".join(sorted(methods))
 
 
@@ -605,7 +606,7 @@ def write_readme_section(results_dir):
     reports.sort(key=lambda r: (not r[0]["runs"]["finished"], order.index(r[0]["profile"]) if r[0]["profile"] in order
                                 else len(order), r[0]["profile"]))
     path = results_dir / "README_SECTION.md"
-    path.write_text(render_readme_section(reports))
+    atomic.write_text(path, render_readme_section(reports))
     return path
 
 
@@ -631,7 +632,7 @@ def write_report(aggregated, root, results_dir=None):
         figures[f"saliency_{dataset}"] = (drawn, f"First {SALIENCY_IMAGES} test images, true class; method: {note}."
                                           if drawn else note + ".")
     readme = root / "README.md"
-    readme.write_text(render(aggregated, figures))
+    atomic.write_text(readme, render(aggregated, figures))
     if results_dir is not None:
         write_readme_section(results_dir)
     return readme

@@ -4,7 +4,8 @@ A run folder holds:
     config.json      the `RunConfig` (a different config in the same folder is refused)
     history.csv      one row per finished epoch (accuracy, loss, val_*, learning_rate, epoch_seconds)
     best.keras       the best checkpoint by validation accuracy
-    backup/          BackupAndRestore state while the run is unfinished
+    backup/          the kill-safe training state while the run is unfinished (checkpoints.py)
+    provenance.json  the commit and backend of each training session (a resumed run lists several)
     logs/            TensorBoard scalars and HParams
     throughput.json  images/s of the input pipeline alone and of training
     init_from.json   which weights `init_from` copied (when used)
@@ -18,17 +19,18 @@ threshold are cut back to that epoch, so the run ends with the same metrics as
 an uninterrupted one.
 """
 
-import csv
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import keras
-import numpy as np
 
-from performer_keras import data
+from performer_keras import checkpoints, data
+from performer_keras.atomic import write_json
 from performer_keras.registry import create_model
-from performer_keras.run_config import RunConfig, RunError
+from performer_keras.run_config import RunError
 
 
 class TrainingDiverged(RuntimeError):
@@ -36,7 +38,7 @@ class TrainingDiverged(RuntimeError):
 
 
 class EpochStats(keras.callbacks.Callback):
-    """Add `learning_rate` and `epoch_seconds` to the epoch logs (before CSVLogger sees them)."""
+    """Add `learning_rate` and `epoch_seconds` to the epoch logs (before the history is written)."""
 
     def on_epoch_begin(self, epoch, logs=None):
         self.start = time.perf_counter()
@@ -51,10 +53,6 @@ def read_json(path):
         return json.load(f)
 
 
-def write_json(path, value):
-    Path(path).write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
-
-
 def prepare_run_folder(config, out_dir):
     """Create `out_dir` or check that it holds this very run; never touch another run."""
     out_dir = Path(out_dir)
@@ -67,38 +65,34 @@ def prepare_run_folder(config, out_dir):
         if existing != config.to_dict():
             changed = sorted(k for k in set(existing) | set(config.to_dict()) if existing.get(k) != config.to_dict().get(k))
             raise RunError(f"{out_dir} holds a different run (differs in {changed}); choose another --out")
-    elif out_dir.exists() and any(out_dir.iterdir()):
+    elif out_dir.exists() and any(not f.name.startswith(".tmp-") for f in out_dir.iterdir()):
+        # Temporary files are a killed first write of config.json: the run never started.
         raise RunError(f"{out_dir} is not empty and holds no run; choose another --out")
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(config_path, config.to_dict())
     return out_dir
 
 
-def completed_epochs(backup_dir):
-    """Epochs finished according to BackupAndRestore's metadata (0 when starting fresh)."""
-    metadata = Path(backup_dir) / "training_metadata.json"
-    return read_json(metadata)["epoch"] if metadata.exists() else 0
-
-
-def truncate_history(history_csv, epochs):
-    """Keep the rows of epochs < `epochs`; return the best val_accuracy among them.
-
-    A kill between the CSV write and the backup write leaves a row the resumed
-    run will write again; cutting back keeps one row per epoch.
-    """
-    if not history_csv.exists():
+def code_version():
+    """The git commit of this code ("+dirty" with uncommitted changes), or None outside a checkout."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
         return None
-    with open(history_csv, newline="") as f:
-        rows = list(csv.DictReader(f))
-    kept = [row for row in rows if int(row["epoch"]) < epochs]
-    if kept:
-        with open(history_csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(kept[0]))
-            writer.writeheader()
-            writer.writerows(kept)
-    else:
-        history_csv.unlink()
-    return max((float(row["val_accuracy"]) for row in kept), default=None)
+    if commit.returncode != 0:
+        return None
+    return commit.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
+def record_provenance(out_dir, start_epoch):
+    """Append which code (commit) trained epochs from `start_epoch` on to provenance.json."""
+    path = Path(out_dir) / "provenance.json"
+    sessions = read_json(path)["sessions"] if path.exists() else []
+    sessions.append({"commit": code_version(), "start_epoch": start_epoch, "keras_backend": keras.backend.backend()})
+    write_json(path, {"sessions": sessions})
 
 
 def copy_shared_weights(model, checkpoint):
@@ -174,8 +168,8 @@ def train(config, out_dir, verbose="auto", export_dir=None):
 def training_finished(config, out_dir):
     """True once every epoch is logged and the backup is gone: only evaluation is left.
 
-    BackupAndRestore deletes its backup when fit returns, so a run killed during
-    evaluation would otherwise train again from scratch.
+    The backup is removed when fit returns, so a run killed during evaluation
+    would otherwise train again from scratch.
     """
     return (
         not (out_dir / "backup").exists()
@@ -189,6 +183,18 @@ def _train_model(config, out_dir, verbose):
     previous_policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.precision)
     try:
+        _fit(config, splits, out_dir, verbose)
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+
+
+def _fit(config, splits, out_dir, verbose):
+    (x_train, y_train), (x_val, y_val) = splits.train, splits.validation
+    steps = data.steps_per_epoch(len(x_train), config.batch_size)
+    if steps < 1:
+        raise RunError(f"batch size {config.batch_size} exceeds the {len(x_train)} training examples")
+
+    def build_model():
         keras.utils.set_random_seed(config.seed)
         model = create_model(
             config.variant,
@@ -200,48 +206,39 @@ def _train_model(config, out_dir, verbose):
         )
         if config.init_from:
             write_json(out_dir / "init_from.json", copy_shared_weights(model, config.init_from))
-        _fit(model, config, splits, out_dir, verbose)
-    finally:
-        keras.config.set_dtype_policy(previous_policy)
+        model.compile(
+            optimizer=build_optimizer(config, steps),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+        )
+        return model
 
-
-def _fit(model, config, splits, out_dir, verbose):
-    (x_train, y_train), (x_val, y_val) = splits.train, splits.validation
-    steps = data.steps_per_epoch(len(x_train), config.batch_size)
-    if steps < 1:
-        raise RunError(f"batch size {config.batch_size} exceeds the {len(x_train)} training examples")
     backup_dir = out_dir / "backup"
-    start_epoch = completed_epochs(backup_dir)
-    best_so_far = truncate_history(out_dir / "history.csv", start_epoch)
+    model, start_epoch = checkpoints.restore(build_model, backup_dir, log=lambda line: print(line, file=sys.stderr))
+    best_so_far = checkpoints.cut_history(out_dir / "history.csv", start_epoch)
+    record_provenance(out_dir, start_epoch)
     augment = data.augmentation_for(config.dataset)
     train_ds = data.train_pipeline(x_train, y_train, config.batch_size, config.seed, augment, start_epoch, config.epochs)
     val_ds = data.eval_pipeline(x_val, y_val, config.batch_size)
 
-    model.compile(
-        optimizer=build_optimizer(config, steps),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
     log_dir = out_dir / "logs"
     if start_epoch == 0:
         log_hparams(log_dir, config)
     callbacks = [
         EpochStats(),
         keras.callbacks.TerminateOnNaN(raise_error=True),
-        keras.callbacks.ModelCheckpoint(
-            out_dir / "best.keras", monitor="val_accuracy", mode="max", save_best_only=True,
-            initial_value_threshold=best_so_far,
-        ),
-        keras.callbacks.CSVLogger(out_dir / "history.csv", append=True),
+        checkpoints.BestCheckpoint(out_dir / "best.keras", monitor="val_accuracy", best=best_so_far),
+        checkpoints.HistoryWriter(out_dir / "history.csv"),
         keras.callbacks.TensorBoard(log_dir),
         # Last, so an epoch counts as finished only once everything above is written.
-        keras.callbacks.BackupAndRestore(backup_dir),
+        checkpoints.KillSafeBackup(backup_dir),
     ]
     started = time.perf_counter()
     try:
         model.fit(
-            train_ds, epochs=config.epochs, steps_per_epoch=steps, validation_data=val_ds,
-            callbacks=callbacks, verbose=verbose, shuffle=False,  # the pipeline shuffles per (seed, epoch)
+            train_ds, epochs=config.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,
+            validation_data=val_ds, callbacks=callbacks, verbose=verbose,
+            shuffle=False,  # the pipeline shuffles per (seed, epoch)
         )
     except RuntimeError as error:
         if "NaN or Inf loss" not in str(error):
@@ -259,8 +256,4 @@ def _fit(model, config, splits, out_dir, verbose):
 
 
 def _history_rows(out_dir):
-    path = out_dir / "history.csv"
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    return checkpoints.read_history(out_dir / "history.csv")

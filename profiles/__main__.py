@@ -13,11 +13,11 @@ time and a memory limit; failures are recorded and the run goes on.
 
 import argparse
 import datetime
-import json
 import shlex
 import sys
 from pathlib import Path
 
+from performer_keras import atomic
 from performer_keras.options import positive_int
 from profiles import DEFAULT_PATCHES, SCOPES
 
@@ -145,7 +145,7 @@ def _log_point(scope, series, patches, mode, result):
 
 def _write(path, record):
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    atomic.write_json(path, record, indent=1)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import math
 import os
 from pathlib import Path
 
+from performer_keras import atomic
 from performer_keras.options import POSITIONS
 from performer_keras.report import table_lines
 from profiles import SCOPES
@@ -51,7 +52,7 @@ def append_run(result_dir, entry):
     manifest = json.loads(path.read_text()) if path.exists() else {"runs": []}
     manifest["runs"] = [run for run in manifest["runs"] if run.get("started") != entry.get("started")] + [entry]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    atomic.write_json(path, manifest, sort_keys=False)
 
 
 def series_key(record):
@@ -113,7 +114,7 @@ def plot_scaling(scaling, out_dir):
             figure.suptitle(f"{scope}: {label} against N (x: failed at that N)", fontsize=11)
             figure.tight_layout(rect=(0, 0, 0.9, 1))
             path = out_dir / f"{scope}-{'time' if quantity == 'ms' else 'memory'}.png"
-            figure.savefig(path, dpi=90)
+            atomic.save_figure(figure, path, dpi=90)
             plt.close(figure)
             paths[(scope, quantity)] = path
     return paths
@@ -388,7 +389,7 @@ def write_summary(result_dir):
         plots = plot_scaling(scaling, result_dir / "plots")
         lines += ["## Scaling with the number of tokens N", ""] + scaling_section(scaling, plots, result_dir)
     path = result_dir / "summary.md"
-    path.write_text("\n".join(lines).rstrip() + "\n")
+    atomic.write_text(path, "\n".join(lines).rstrip() + "\n")
     return path
 
 

@@ -126,15 +126,11 @@ def test_same_seed_same_metrics_and_resume_after_kill(tmp_path):
         [sys.executable, str(REPO / "train.py"), *args, "--out", str(killed)],
         env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    metadata = killed / "backup" / "training_metadata.json"
+    metadata = killed / "backup" / "state.json"
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
-        if metadata.exists():
-            try:
-                if json.loads(metadata.read_text())["epoch"] >= 1:
-                    break
-            except ValueError:  # caught mid-write
-                pass
+        if metadata.exists() and json.loads(metadata.read_text())["states"][0]["epoch"] >= 1:
+            break  # the file is renamed into place whole, never read half-written
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait()

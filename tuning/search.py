@@ -41,9 +41,8 @@ import keras
 import keras_tuner
 import numpy as np
 
-from performer_keras import data, training
+from performer_keras import atomic, data, training
 from performer_keras.options import check_choice
-from performer_keras.registry import create_model
 from tuning import search_spaces
 from tuning.hypermodel import OBJECTIVE, VitHyperModel
 from tuning.search_spaces import SearchError
@@ -209,7 +208,7 @@ class VitTuner(keras_tuner.Tuner):
         hp = trial.hyperparameters
         config = self.hypermodel.trial_config(hp)
         trial_dir = Path(self.get_trial_dir(trial.trial_id))
-        training.write_json(trial_dir / "config.json", config.to_dict())
+        atomic.write_json(trial_dir / "config.json", config.to_dict())
         values = {name: config.to_dict()[name] for name in sorted(self.hypermodel.space)}
         self.log(f"start trial {trial.trial_id} epochs={config.epochs} {json.dumps(values)}")
         metrics = train_trial(
@@ -219,7 +218,7 @@ class VitTuner(keras_tuner.Tuner):
             name=f"{config.dataset}/{config.variant}/trial_{trial.trial_id}",
             verbose=2 if verbose else 0,  # one line per epoch
         )
-        training.write_json(trial_dir / "result.json", metrics)
+        atomic.write_json(trial_dir / "result.json", metrics)
         return {k: v for k, v in metrics.items() if k in ("val_accuracy", "val_loss", "accuracy", "loss")}
 
     def on_trial_end(self, trial):
@@ -292,7 +291,7 @@ def run_search(search, out_dir, verbose=1, splits=None):
     oracle = make_oracle(search)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    training.write_json(out_dir / SEARCH_FILE, search.to_json())
+    atomic.write_json(out_dir / SEARCH_FILE, search.to_json())
     tuner = VitTuner(oracle, hypermodel, out_dir)
     tuner.search(verbose=verbose)
 
@@ -302,7 +301,7 @@ def run_search(search, out_dir, verbose=1, splits=None):
     if not completed:
         raise SearchFailed(f"no trial of the search in {out_dir} finished; see {out_dir / PROJECT}/trial_*/trial.json")
     best = completed[0]
-    training.write_json(out_dir / "best_hparams.json", {
+    atomic.write_json(out_dir / "best_hparams.json", {
         "hyperparameters": best["config"].to_dict(),
         OBJECTIVE: best[OBJECTIVE],
         "trial_id": best["trial_id"],
@@ -382,7 +381,7 @@ def write_summary(out_dir, search, rows):
             f"{result['seconds']:.1f}" if "seconds" in result else "-", row["status"],
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    Path(out_dir, "summary.md").write_text("\n".join(lines) + "\n")
+    atomic.write_text(Path(out_dir, "summary.md"), "\n".join(lines) + "\n")
 
 
 def format_value(value):

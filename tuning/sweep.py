@@ -34,7 +34,7 @@ def retrain_best(out_dir, best, seed, splits, verbose=0):
     """Validation metrics of the best trial's config trained with `seed`; cached in seeds/seed_<s>/."""
     import keras_tuner
 
-    from performer_keras import training
+    from performer_keras import atomic, training
     from tuning.hypermodel import VitHyperModel
     from tuning.search import train_trial
 
@@ -43,14 +43,14 @@ def retrain_best(out_dir, best, seed, splits, verbose=0):
         return training.read_json(folder / "result.json")
     folder.mkdir(parents=True, exist_ok=True)
     config = dataclasses.replace(best["config"], seed=seed)
-    training.write_json(folder / "config.json", config.to_dict())
+    atomic.write_json(folder / "config.json", config.to_dict())
     metrics = train_trial(
         VitHyperModel(config, {}, splits), keras_tuner.HyperParameters(),
         log_dir=folder / "tensorboard", csv_path=folder / "history.csv",
         name=f"{config.dataset}/{config.variant}/trial_{best['trial_id']}/seed_{seed}",
         verbose=verbose,
     )
-    training.write_json(folder / "result.json", metrics)  # last: the seed run counts as done
+    atomic.write_json(folder / "result.json", metrics)  # last: the seed run counts as done
     return metrics
 
 
@@ -89,10 +89,10 @@ def run_sweep(searches, root, extra_seeds=2, verbose=1):
 
 
 def write_sweep(root, search, extra_seeds, rows):
-    from performer_keras import training
+    from performer_keras import atomic
     from tuning.search import format_value
 
-    training.write_json(root / "sweep.json", rows)
+    atomic.write_json(root / "sweep.json", rows)
     config = search.base_config
     names = sorted({name for row in rows for name in row["hyperparameters"]})
     seeds = 1 + extra_seeds
@@ -118,7 +118,7 @@ def write_sweep(root, search, extra_seeds, rows):
             *(format_value(row["hyperparameters"].get(name, "-")) for name in names),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    (root / "sweep.md").write_text("\n".join(lines) + "\n")
+    atomic.write_text(root / "sweep.md", "\n".join(lines) + "\n")
 
 
 def main(argv=None):

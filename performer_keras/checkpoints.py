@@ -1,0 +1,173 @@
+"""Kill-safe training state: backups, the best checkpoint and the history, each written atomically.
+
+Keras' own `BackupAndRestore`, `ModelCheckpoint` and `CSVLogger` write their
+files in place, so a SIGKILL during a write leaves a cut-off HDF5 file that no
+rerun can load, a half `best.keras`, or a half CSV row. The study's queues are
+stopped and restarted many times, so these callbacks replace them:
+
+* `KillSafeBackup` writes `backup/epoch<k>.weights.h5` (model, optimizer and
+  seed-generator state) to a temporary file and renames it into place, then
+  renames a new `backup/state.json` listing it first; the previous good state
+  stays listed (and on disk) until the new one is complete. `restore` tries the
+  listed states newest first and falls back, with one line, past any that does
+  not load.
+* `BestCheckpoint` saves `best.keras` atomically when validation accuracy
+  improves on everything the restored history has seen.
+* `HistoryWriter` rewrites `history.csv` atomically each epoch, so it always
+  holds whole rows, one per epoch, in the columns CSVLogger uses.
+
+`history.csv` can hold one epoch more than the backup (a kill between the two
+writes); `restore` cuts it back, so it always ends at the epoch the restored
+state has seen.
+"""
+
+import csv
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+
+import keras
+
+from performer_keras import atomic
+
+STATE_FILE = "state.json"
+# The newest state and the one before it: a corrupt newest file costs one epoch.
+KEPT_STATES = 2
+_FINISHED_SUFFIX = ".finished"
+
+
+def saved_states(backup_dir):
+    """[{"epoch", "weights"}] of `backup_dir`, newest first; [] without a readable state file."""
+    path = Path(backup_dir) / STATE_FILE
+    try:
+        return json.loads(path.read_text())["states"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def restore(build_model, backup_dir, log=print):
+    """(model, epochs done): the newest backup that loads, else a fresh model.
+
+    `build_model()` returns a new compiled model, seeded as the run was; it is
+    called again for each attempt, so a file that fails halfway through
+    loading never leaves half-restored weights behind.
+    """
+    states = saved_states(backup_dir)
+    for index, state in enumerate(states):
+        model = build_model()
+        path = Path(backup_dir) / state["weights"]
+        try:
+            model.optimizer.build(model.trainable_variables)
+            model.load_weights(path)
+        except Exception as error:  # a truncated or foreign file: any failure means "not loadable"
+            fallback = f"epoch {states[index + 1]['epoch']}" if index + 1 < len(states) else "the start"
+            reason = " ".join(f"{type(error).__name__}: {error}".split())[:160]
+            log(f"backup {path} does not load ({reason}); falling back to {fallback}")
+            continue
+        return model, int(state["epoch"])
+    return build_model(), 0
+
+
+def finish(backup_dir):
+    """Remove the backup once training ended; a rename first, so a kill midway never leaves half a backup."""
+    backup_dir = Path(backup_dir)
+    finished = backup_dir.with_name(backup_dir.name + _FINISHED_SUFFIX)
+    if backup_dir.exists():
+        os.replace(backup_dir, finished)
+    shutil.rmtree(finished, ignore_errors=True)
+
+
+class KillSafeBackup(keras.callbacks.Callback):
+    """Back the training state up at every epoch end, atomically (see the module docstring).
+
+    Args:
+        backup_dir: folder of the weights files and `state.json`.
+    """
+
+    def __init__(self, backup_dir):
+        super().__init__()
+        self.backup_dir = Path(backup_dir)
+
+    def on_epoch_end(self, epoch, logs=None):
+        name = f"epoch{epoch + 1:04d}.weights.h5"
+        with atomic.replacing(self.backup_dir / name) as tmp:
+            self.model.save_weights(tmp)
+        states = [{"epoch": epoch + 1, "weights": name}]
+        states += [s for s in saved_states(self.backup_dir) if s["weights"] != name][: KEPT_STATES - 1]
+        atomic.write_json(self.backup_dir / STATE_FILE, {"states": states})
+        kept = {s["weights"] for s in states}
+        for old in self.backup_dir.glob("epoch*.weights.h5"):
+            if old.name not in kept:
+                old.unlink(missing_ok=True)
+
+    def on_train_end(self, logs=None):
+        finish(self.backup_dir)
+
+
+class BestCheckpoint(keras.callbacks.Callback):
+    """Save the whole model to `path` when `monitor` beats every value seen so far (max)."""
+
+    def __init__(self, path, monitor="val_accuracy", best=None):
+        super().__init__()
+        self.path = Path(path)
+        self.monitor = monitor
+        self.best = best
+
+    def on_epoch_end(self, epoch, logs=None):
+        value = (logs or {}).get(self.monitor)
+        if value is None or (self.best is not None and not value > self.best):
+            return
+        self.best = float(value)
+        with atomic.replacing(self.path) as tmp:
+            self.model.save(tmp)
+
+
+def read_history(path):
+    """The rows of a history CSV as dicts ([] when missing)."""
+    if not Path(path).is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def cut_history(path, epochs):
+    """Keep the rows of epochs < `epochs` (atomically); return the best val_accuracy among them."""
+    rows = read_history(path)
+    kept = [row for row in rows if int(row["epoch"]) < epochs]
+    if len(kept) != len(rows):
+        if kept:
+            atomic.write_text(path, _csv_text(list(kept[0]), kept))
+        else:
+            Path(path).unlink()
+    return max((float(row["val_accuracy"]) for row in kept), default=None)
+
+
+class HistoryWriter(keras.callbacks.Callback):
+    """Append each epoch's logs to a CSV, rewriting the whole file atomically.
+
+    Columns as Keras' CSVLogger: "epoch", then the log keys sorted.
+    """
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = Path(path)
+
+    def on_epoch_end(self, epoch, logs=None):
+        rows = read_history(self.path)
+        row = {"epoch": epoch, **{key: _cell(value) for key, value in sorted((logs or {}).items())}}
+        fields = list(rows[0]) if rows else list(row)
+        atomic.write_text(self.path, _csv_text(fields, rows + [row]))
+
+
+def _cell(value):
+    return float(keras.ops.convert_to_numpy(value)) if not isinstance(value, str) else value
+
+
+def _csv_text(fields, rows):
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()

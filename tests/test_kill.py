@@ -1,0 +1,110 @@
+"""SIGKILL at chosen instants, inside every file write of a run: the same command always resumes.
+
+Each kill stops a real train.py process at a write named by
+`atomic.PAUSE_VARIABLE` (after the temporary file is complete, before its
+rename, which is the instant a half-written file would be left behind by an
+in-place writer) and the rerun, the same command in-process, must exit 0 with
+the metrics and the history of an uninterrupted run.
+"""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import train
+from performer_keras import atomic
+
+REPO = Path(__file__).resolve().parent.parent
+EPOCHS = 5
+ARGS = ["--variant", "favor-absolute", "--size", "tiny", "--limit", "400", "--batch-size", "32",
+        "--epochs", str(EPOCHS), "--redraw-interval", "5"]
+# Every write of a run, in order: 2 at the start, 3 per epoch, best.keras, 3 at the end.
+MOMENTS = (
+    ["config.json:1", "provenance.json:1"]
+    + [moment for k in range(1, EPOCHS + 1) for moment in (f"history.csv:{k}", f"epoch{k:04d}.weights.h5:1", f"state.json:{k}")]
+    + ["best.keras:1", "throughput.json:1", "metrics.json:1", "confusion_matrix.png:1"]
+)
+
+pytestmark = pytest.mark.slow
+
+
+def run_in_process(out):
+    assert train.main([*ARGS, "--out", str(out)]) == 0
+
+
+def killed_at(moment, out):
+    """Start train.py into `out`, SIGKILL it at `moment`'s write; True if it got there."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO), **{atomic.PAUSE_VARIABLE: moment})
+    process = subprocess.Popen([sys.executable, str(REPO / "train.py"), *ARGS, "--out", str(out)],
+                               env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and process.poll() is None:
+            if any(out.rglob("*.paused")):
+                return True
+            time.sleep(0.05)
+        return False
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+
+def history(out):
+    with open(out / "history.csv", newline="") as f:
+        return [(int(row["epoch"]), float(row["val_accuracy"])) for row in csv.DictReader(f)]
+
+
+def result(out):
+    metrics = json.loads((out / "metrics.json").read_text())
+    return metrics["confusion_matrix"], metrics["log_likelihood"], history(out)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    run_in_process(out)
+    return result(out)
+
+
+def assert_same(out, uninterrupted):
+    confusion, log_likelihood, rows = result(out)
+    assert confusion == uninterrupted[0]
+    assert log_likelihood == pytest.approx(uninterrupted[1], rel=1e-5)
+    assert [epoch for epoch, _ in rows] == list(range(EPOCHS))
+    assert [acc for _, acc in rows] == pytest.approx([acc for _, acc in uninterrupted[2]], abs=1e-6)
+    assert not (out / "backup").exists()
+
+
+def test_there_are_at_least_20_moments():
+    assert len(MOMENTS) >= 20
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_killed_inside_a_write_resumes_to_the_same_result(tmp_path, moment, uninterrupted):
+    out = tmp_path / "run"
+    assert killed_at(moment, out), f"the run never reached {moment}"
+    assert not (out / "metrics.json").exists()  # the run's last write: the run is unfinished
+    run_in_process(out)
+    assert_same(out, uninterrupted)
+    assert not list(out.rglob(".tmp-*")), "a temporary file was left behind"
+
+
+def test_a_truncated_newest_backup_falls_back_with_one_line(tmp_path, capsys, uninterrupted):
+    out = tmp_path / "run"
+    assert killed_at("history.csv:3", out)  # inside epoch 3: the backup holds epochs 2 and 1
+    states = json.loads((out / "backup" / "state.json").read_text())["states"]
+    assert [s["epoch"] for s in states] == [2, 1]
+    newest = out / "backup" / states[0]["weights"]
+    newest.write_bytes(newest.read_bytes()[:300])
+    capsys.readouterr()
+    run_in_process(out)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "does not load" in line]
+    assert len(lines) == 1 and "falling back to epoch 1" in lines[0], lines
+    assert_same(out, uninterrupted)
