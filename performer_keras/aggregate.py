@@ -21,30 +21,32 @@ metrics.json) of every planned cell and returns one JSON-ready dict:
   position, with its own kernel at absolute positions; each init-from run
   with the same variant trained from scratch.
 
-Pure Python, numpy and scipy: no Keras, so it runs anywhere the JSON is read.
+The statistics are `significance.py` (paired t, Holm over the family of
+main-table comparisons, minimum detectable difference, test-set sampling error).
 """
 
 import csv
 import json
-import math
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
-from performer_keras import atomic
+from performer_keras import atomic, significance
+from performer_keras.registry import MAIN_KERNELS
 
-CONFIDENCE = 0.95
+CONFIDENCE = significance.CONFIDENCE
 BASELINE = "softmax-absolute"
 # Metrics summarised over seeds (mean, std, min, max, interval).
 SUMMARISED = (
-    "test_accuracy", "macro_f1", "log_likelihood", "aic", "bic",
+    "test_accuracy", "macro_f1", "log_likelihood", "nll_per_image", "expected_calibration_error", "aic", "bic",
     "train_seconds_per_epoch", "latency_ms_batch1", "latency_ms_batch256",
 )
+# Every paired comparison of the main table, one family for Holm's adjustment.
+COMPARISONS = ("gap_to_softmax", "gap_to_softmax_same_position", "gain_over_absolute", "interaction")
 # Properties of the architecture, equal for every seed.
 CONSTANT = ("params", "flops_per_image")
 EPOCHS_TO = ("epochs_to_90", "epochs_to_95", "epochs_to_99")
-PER_SEED = SUMMARISED + CONSTANT + EPOCHS_TO + ("device", "backend")
+PER_SEED = SUMMARISED + CONSTANT + EPOCHS_TO + ("device", "backend", "test_examples")
 
 
 def summarize(values):
@@ -57,26 +59,25 @@ def summarize(values):
     if not values:
         return None
     n = len(values)
-    mean = float(np.mean(values))
     std = float(np.std(values, ddof=1)) if n > 1 else None
-    if n > 1:
-        half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * std / math.sqrt(n)
-        ci95 = [mean - half, mean + half]
-    else:
-        ci95 = None
-    return {"n": n, "mean": mean, "std": std, "min": min(values), "max": max(values), "ci95": ci95}
+    return {"n": n, "mean": float(np.mean(values)), "std": std, "min": min(values), "max": max(values),
+            "ci95": significance.t_interval(values, CONFIDENCE)}
 
 
-def paired_difference(values, baseline):
-    """Summary of values[s] - baseline[s] over the seeds s both have (dicts seed -> value).
+def paired_difference(values, baseline, minus=None, minus_baseline=None):
+    """`significance.paired_test` of values[s] - baseline[s] over the seeds s both have (dicts seed -> value).
 
-    Returns the `summarize` dict plus "seeds" (the common seeds), or None when
-    no seed is shared.
+    With `minus` and `minus_baseline` the difference of differences
+    (values[s] - baseline[s]) - (minus[s] - minus_baseline[s]) over the seeds
+    all four have: the interaction. Returns the test plus "seeds" (the common
+    seeds), or None when no seed is shared.
     """
-    seeds = sorted(s for s in set(values) & set(baseline) if values[s] is not None and baseline[s] is not None)
+    series = [values, baseline] + ([minus, minus_baseline] if minus is not None else [])
+    seeds = sorted(set.intersection(*(set(k for k, v in x.items() if v is not None) for x in series)))
     if not seeds:
         return None
-    return {"seeds": seeds, **summarize([values[s] - baseline[s] for s in seeds])}
+    differences = [values[s] - baseline[s] - (minus[s] - minus_baseline[s] if minus is not None else 0.0) for s in seeds]
+    return {"seeds": seeds, **significance.paired_test(differences)}
 
 
 def epochs_to_summary(values):
@@ -157,6 +158,13 @@ def aggregate_cell(root, cell):
     for key in EPOCHS_TO:
         result[key] = epochs_to_summary([values[key] for values in runs.values()])
     result["val_accuracy_curve"] = curve_summary(curves)
+    # All seeds are scored on the same test images, so this error does not shrink with more seeds.
+    test_examples = next((values["test_examples"] for values in runs.values() if values["test_examples"]), None)
+    mean_accuracy = (result["test_accuracy"] or {}).get("mean")
+    result["test_sampling_error"] = {
+        "test_examples": test_examples,
+        "standard_error": significance.binomial_standard_error(mean_accuracy, test_examples),
+    }
     return result
 
 
@@ -171,7 +179,10 @@ def add_comparisons(cells):
     variants rows: "gap_to_softmax" (vs softmax-absolute of the same dataset),
     "gap_to_softmax_same_position" (vs softmax-<position>) and, for relative
     positions, "gain_over_absolute" (vs <kernel>-absolute: what the position
-    itself buys the kernel);
+    itself buys the kernel) and, for a kernel other than softmax,
+    "interaction": the gap to softmax at this position minus the gap at
+    absolute positions, (K-P - softmax-P) - (K-absolute - softmax-absolute),
+    which is the question itself: does the position close (> 0) the gap;
     init_from rows: "gain_over_scratch" (vs the variant trained from scratch).
     """
     rows = {(c["dataset"], c["variant"]): c for c in cells if c["experiment"] == "variants"}
@@ -183,6 +194,12 @@ def add_comparisons(cells):
                 comparisons.append(("gain_over_absolute", f"{kernel}-absolute"))
             for key, baseline in comparisons:
                 cell[key] = _compare(cell, rows.get((cell["dataset"], baseline)), baseline)
+            others = [rows.get((cell["dataset"], v)) for v in (f"softmax-{position}", f"{kernel}-absolute", BASELINE)]
+            if position != "absolute" and kernel != "softmax" and all(others):
+                cell["interaction"] = {
+                    "baseline": f"(softmax-{position}) - ({kernel}-absolute - {BASELINE})",
+                    **(paired_difference(*(accuracies(c) for c in [cell] + others)) or {}),
+                }
         elif cell["experiment"] == "init_from":
             scratch = rows.get((cell["dataset"], cell["variant"]))
             cell["gain_over_scratch"] = _compare(cell, scratch, f"{cell['variant']} from scratch")
@@ -194,6 +211,38 @@ def _compare(cell, other, baseline):
     if other is None:
         return None
     return {"baseline": baseline, **(paired_difference(accuracies(cell), accuracies(other)) or {})}
+
+
+def family(cells):
+    """[(cell, key)] of the distinct paired comparisons of the main table, the family Holm adjusts over.
+
+    A comparison that repeats another of the same row (kernel-absolute against
+    softmax at the same position is its gap to softmax-absolute; softmax-P
+    against softmax-absolute is its gain over absolute) is counted once.
+    Extra rows and init-from runs are outside the family: they are not the
+    question.
+    """
+    members = []
+    for cell in cells:
+        kernel, _, position = cell["variant"].partition("-")
+        if cell["experiment"] != "variants" or kernel not in MAIN_KERNELS or cell["variant"] == BASELINE:
+            continue
+        for key in COMPARISONS:
+            repeated = (position == "absolute" and key == "gap_to_softmax_same_position") or (
+                kernel == "softmax" and key != "gap_to_softmax")
+            if not repeated and (cell.get(key) or {}).get("p_value") is not None:
+                members.append((cell, key))
+    return members
+
+
+def adjust_family(cells):
+    """Holm-adjust the family's p-values in place ("p_holm", "verdict"); returns its size."""
+    members = family(cells)
+    adjusted = significance.holm([cell[key]["p_value"] for cell, key in members])
+    for (cell, key), p_holm in zip(members, adjusted):
+        cell[key]["p_holm"] = p_holm
+        cell[key]["verdict"] = significance.verdict(cell[key], p_holm)
+    return len(members)
 
 
 def aggregate(root, cells, **header):
@@ -208,6 +257,7 @@ def aggregate(root, cells, **header):
     "devices", "backends", "cells": [...]}.
     """
     aggregated = add_comparisons([aggregate_cell(root, cell) for cell in cells])
+    family_size = adjust_family(aggregated)
     runs = {}  # folder -> finished?, each run once (a cell may be shared)
     for cell in aggregated:
         for seed in cell["seeds"]["planned"]:
@@ -216,6 +266,8 @@ def aggregate(root, cells, **header):
     return {
         **header,
         "confidence": CONFIDENCE,
+        "family": {"size": family_size, "adjustment": "holm", "alpha": significance.ALPHA, "power": significance.POWER,
+                   "members": list(COMPARISONS)},
         "runs": {
             "planned": len(runs), "finished": sum(runs.values()),
             "missing": [folder for folder, done in runs.items() if not done],  # queue order

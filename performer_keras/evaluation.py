@@ -37,7 +37,8 @@ from performer_keras.options import check_choice, check_positive
 METRIC_KEYS = (
     "variant", "attention", "position", "dataset", "seed",
     "test_accuracy", "macro_precision", "macro_recall", "macro_f1",
-    "per_class", "confusion_matrix", "log_likelihood", "aic", "bic",
+    "per_class", "confusion_matrix", "test_examples", "log_likelihood", "nll_per_image",
+    "expected_calibration_error", "aic", "bic",
     "params", "flops_per_image",
     "train_seconds_per_epoch", "epochs_to_90", "epochs_to_95", "epochs_to_99",
     "latency_ms_batch1", "latency_ms_batch256", "device", "backend",
@@ -49,6 +50,8 @@ PROBABILITY_FLOOR = 1e-12
 # Probabilities are float32: Keras and its SavedModel may differ by rounding.
 EXPORT_TOLERANCE = 1e-4
 ACCURACY_THRESHOLDS = (0.90, 0.95, 0.99)
+# Equal-width confidence bins of the expected calibration error (Guo et al. 2017, arXiv 1706.04599).
+CALIBRATION_BINS = 15
 # Keras logs float32 accuracies: 450/500 arrives as 0.8999999761581421.
 _FLOAT32_SLACK = 1e-6
 # Batch 1 is cheap and noisy, batch 256 is slow and steady.
@@ -81,7 +84,14 @@ def classification_metrics(labels, probabilities, num_params, label_names=None):
         f1_c        = 2 P R / (P + R)           (0 when P + R = 0)
         macro_*     = unweighted mean over all model classes
         logL        = sum_i log max(p(y_i | x_i), 1e-12)
+        nll_per_image = -logL / n (nats)
+        ECE = sum_b (n_b / n) |accuracy_b - mean confidence_b|
         AIC = 2k - 2 logL,   BIC = k ln(n) - 2 logL
+
+    The ECE bins the confidence max_c p(c|x) into `CALIBRATION_BINS` equal
+    intervals (lo, hi]. NLL and ECE are the fit measures to read: here k is
+    about 2 x 10^4 to 10^6 against -2 logL of a few thousand, so AIC and BIC
+    are almost all parameter term and rank models by their size.
 
     with k = `num_params` (trainable parameters) and n test examples. The
     floor of 1e-12 keeps logL finite when a float32 probability underflows
@@ -96,7 +106,8 @@ def classification_metrics(labels, probabilities, num_params, label_names=None):
     Returns: dict with test_accuracy, macro_precision, macro_recall, macro_f1,
     per_class (list of {"class", "precision", "recall", "f1", "support"}),
     confusion_matrix (list of lists, rows = true class), log_likelihood, aic,
-    bic; plain Python numbers.
+    test_examples, nll_per_image, expected_calibration_error, bic; plain
+    Python numbers.
     """
     labels = np.asarray(labels)
     probabilities = np.asarray(probabilities, dtype=np.float64)
@@ -123,6 +134,12 @@ def classification_metrics(labels, probabilities, num_params, label_names=None):
 
     chosen = probabilities[np.arange(num_examples), labels]
     log_likelihood = float(np.sum(np.log(np.clip(chosen, PROBABILITY_FLOOR, 1.0))))
+    confidence = probabilities.max(axis=1)
+    bins = np.clip(np.ceil(confidence * CALIBRATION_BINS).astype(int) - 1, 0, CALIBRATION_BINS - 1)
+    correct = (predictions == labels).astype(np.float64)
+    calibration_error = sum(
+        abs(correct[bins == b].sum() - confidence[bins == b].sum()) for b in range(CALIBRATION_BINS)
+    ) / num_examples
     names = range(num_classes) if label_names is None else label_names
     return {
         "test_accuracy": float(hits.sum() / num_examples),
@@ -134,7 +151,10 @@ def classification_metrics(labels, probabilities, num_params, label_names=None):
             for name, p, r, f, s in zip(names, precision, recall, f1, support)
         ],
         "confusion_matrix": confusion.tolist(),
+        "test_examples": int(num_examples),
         "log_likelihood": log_likelihood,
+        "nll_per_image": -log_likelihood / num_examples,
+        "expected_calibration_error": float(calibration_error),
         "aic": None if num_params is None else 2 * num_params - 2 * log_likelihood,
         "bic": None if num_params is None else num_params * math.log(num_examples) - 2 * log_likelihood,
     }
@@ -154,10 +174,9 @@ def history_metrics(history_csv):
     """
     result = {"train_seconds_per_epoch": None}
     result.update({_threshold_key(t): None for t in ACCURACY_THRESHOLDS})
-    if history_csv is None or not Path(history_csv).is_file():
+    if history_csv is None:
         return result
-    with open(history_csv, newline="") as file:
-        rows = list(csv.DictReader(file))
+    rows = _history_rows(history_csv)
     seconds = [float(row["epoch_seconds"]) for row in rows if row.get("epoch_seconds")]
     if seconds:
         result["train_seconds_per_epoch"] = statistics.median(seconds)
@@ -419,9 +438,35 @@ def evaluate(path, dataset=None, limit=None, batch_size=256, out=None):
     plot_confusion_matrix(metrics["confusion_matrix"], splits.label_names, out / "confusion_matrix.png", title)
     if kind == "run" and (path / "export" / "saved_model.pb").is_file():
         check_export(path / "export", images, labels, probabilities, batch_size, out)
+    if kind == "run" and (path / "logs").is_dir():
+        log_test_metrics(path / "logs" / "test", metrics, step=len(_history_rows(path / "history.csv")))
     # Last: a run folder with metrics.json is finished, so everything else must be written by now.
     atomic.write_json(out / "metrics.json", metrics, sort_keys=False)
     return metrics
+
+
+TENSORBOARD_TEST_METRICS = ("test_accuracy", "nll_per_image", "expected_calibration_error")
+
+
+def log_test_metrics(log_dir, metrics, step):
+    """The test metrics as TensorBoard scalars at the run's last epoch, beside its training curves.
+
+    `tensorboard --logdir results/cpu` then shows them in the Scalars tab and
+    as metric columns of the HParams table (which collects every scalar tag
+    of a run's folders).
+    """
+    import tensorflow as tf
+
+    with tf.summary.create_file_writer(str(log_dir)).as_default():
+        for key in TENSORBOARD_TEST_METRICS:
+            tf.summary.scalar(key, metrics[key], step=step)
+
+
+def _history_rows(history_csv):
+    if not Path(history_csv).is_file():
+        return []
+    with open(history_csv, newline="") as file:
+        return list(csv.DictReader(file))
 
 
 def check_export(export_path, images, labels, probabilities, batch_size, out):

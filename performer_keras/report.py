@@ -95,6 +95,22 @@ def gap_text(gap):
     return f"{100 * gap['mean']:+.2f}{ci} ({gap['n']} pair{'s' if gap['n'] != 1 else ''})"
 
 
+def _p(value):
+    return "–" if value is None else f"{value:.3f}" if value >= 0.001 else f"{value:.1e}"
+
+
+def test_text(test):
+    """A paired test in percentage points: "+1.67 [-1.20, 4.54], p 0.130, Holm 0.518: not separated; MDE 3.77"."""
+    if not test or "mean" not in test:
+        return "–"
+    text = f"{100 * test['mean']:+.2f} {_interval(test)}, p {_p(test.get('p_value'))}"
+    if test.get("p_holm") is not None:
+        text += f", Holm {_p(test['p_holm'])}: {test['verdict']}"
+    if test.get("mde") is not None:
+        text += f"; MDE {100 * test['mde']:.2f}"
+    return text
+
+
 def _mean(summary, scale=1.0, digits=1):
     return "–" if not summary else _number(scale * summary["mean"], digits)
 
@@ -115,8 +131,9 @@ def table_lines(header, rows):
 
 
 def detail_table(cells):
-    header = ["variant", "accuracy % (mean ± std)", "95% CI", "min–max", "macro F1 %", "log-lik.", "AIC", "BIC",
-              "params", "MFLOPs/img", "s/epoch", "ms/img b1", "ms/img b256", "epochs to 90/95/99% val"]
+    header = ["variant", "accuracy % (mean ± std)", "95% CI", "test SE %", "min–max", "macro F1 %", "NLL nats/img",
+              "ECE %", "log-lik.", "AIC", "BIC", "params", "MFLOPs/img", "s/epoch", "ms/img b1", "ms/img b256",
+              "epochs to 90/95/99% val"]
     rows = []
     for c in cells:
         acc = c["test_accuracy"]
@@ -126,8 +143,10 @@ def detail_table(cells):
         rows.append([
             c["label"],
             f"{_pct(acc['mean'])}{'' if acc['std'] is None else ' ± ' + _pct(acc['std'])} ({_count(c)})",
-            _interval(acc), f"{_pct(acc['min'])}–{_pct(acc['max'])}",
-            _mean(c["macro_f1"], 100, 2), _mean(c["log_likelihood"]), _mean(c["aic"]), _mean(c["bic"]),
+            _interval(acc), _pct((c.get("test_sampling_error") or {}).get("standard_error")),
+            f"{_pct(acc['min'])}–{_pct(acc['max'])}", _mean(c["macro_f1"], 100, 2),
+            _mean(c.get("nll_per_image"), digits=4), _mean(c.get("expected_calibration_error"), 100, 2),
+            _mean(c["log_likelihood"]), _mean(c["aic"]), _mean(c["bic"]),
             _number(c["params"], 0), _number(None if c["flops_per_image"] is None else c["flops_per_image"] / 1e6, 2),
             _mean(c["train_seconds_per_epoch"]), _mean(c["latency_ms_batch1"], digits=3),
             _mean(c["latency_ms_batch256"], digits=3), _epochs_to(c),
@@ -348,7 +367,7 @@ def gap_table(aggregated):
         for d in datasets:
             c = index.get((d, v))
             row += [
-                "–" if c is None else gap_text(c.get("gap_to_softmax")),
+                "–" if c is None else test_text(c.get("gap_to_softmax")),
                 _comparison(c, "gap_to_softmax_same_position", same=absolute, absent=softmax),
                 _comparison(c, "gain_over_absolute", same=softmax, absent=absolute),
             ]
@@ -360,32 +379,33 @@ def _comparison(cell, key, same, absent):
     """A gap-table entry: "(the same)" when it repeats the Δ vs softmax-absolute column, "–" when it does not apply."""
     if cell is None or absent:
         return "–"
-    return "(the same)" if same else gap_text(cell.get(key))
+    return "(the same)" if same else test_text(cell.get(key))
 
 
-SIDES = ("above 0", "below 0", "contains 0", "no interval yet")
+SIDES = ("above 0", "below 0", "not separated", "no test yet")
 
 
 def interval_side(gap):
-    """Where a paired difference's interval lies: one of `SIDES`."""
-    if not gap or gap.get("ci95") is None:
-        return "no interval yet"
-    low, high = gap["ci95"]
-    return "above 0" if low > 0 else "below 0" if high < 0 else "contains 0"
+    """The Holm-adjusted verdict of a paired difference: one of `SIDES`."""
+    if not gap or gap.get("verdict") is None:
+        return "no test yet"
+    return gap["verdict"]
 
 
 def verdict_lines(aggregated):
-    """Per dataset, the linear-kernel rows sorted by where their intervals lie.
+    """Per dataset, the linear-kernel rows sorted by their Holm-adjusted verdicts.
 
-    Three questions: is there a gap to close (kernel-absolute vs softmax), does
-    a relative position reach softmax (kernel-position vs softmax-absolute), and
-    does the position help the kernel at all (vs kernel-absolute).
+    Four questions: is there a gap to close (kernel-absolute vs softmax), does
+    a relative position reach softmax (kernel-position vs softmax-absolute),
+    does the position help the kernel at all (vs kernel-absolute), and does it
+    close the gap (the interaction).
     """
     cells = [c for c in _by(aggregated["cells"], "variants") if _is_main(c) and not c["variant"].startswith("softmax-")]
     questions = (
         ("gap to close (kernel-absolute − softmax-absolute)", "gap_to_softmax", True),
         ("relative position − softmax-absolute", "gap_to_softmax", False),
         ("relative position − same kernel, absolute", "gain_over_absolute", False),
+        ("gap closed: (kernel − softmax) at the position − (kernel − softmax) at absolute", "interaction", False),
     )
     lines = []
     for dataset in _datasets(cells):
@@ -398,6 +418,26 @@ def verdict_lines(aggregated):
             found = "; ".join(f"{side}: {', '.join(groups[side])}" for side in SIDES if side in groups)
             lines.append(f"  - {title}: {found or 'no run yet'}.")
     return lines
+
+
+def interaction_table(aggregated):
+    """One row per linear kernel x relative position: the interaction on each dataset."""
+    cells = [c for c in _by(aggregated["cells"], "variants") if _is_main(c) and "interaction" in c]
+    datasets = _datasets(cells)
+    index = {(c["dataset"], c["variant"]): c for c in cells}
+    variants = list(dict.fromkeys(c["variant"] for c in cells))
+    rows = [[v] + [test_text(index[(d, v)]["interaction"]) if (d, v) in index else "–" for d in datasets] for v in variants]
+    return table_lines(["variant"] + [f"{_dataset_name(d)}: gap closed, points" for d in datasets], rows)
+
+
+def family_line(aggregated):
+    family = aggregated.get("family") or {}
+    return (f"Verdicts are Holm-adjusted over the family of all {family.get('size', 0)} distinct paired comparisons of the "
+            f"main table on every dataset (gap to softmax-absolute, to softmax at the same position, gain over the same "
+            f"kernel at absolute positions, gap closed), at family-wise α = {family.get('alpha', 0.05):g}. MDE is the "
+            f"smallest true difference a two-sided paired t-test at α = {family.get('alpha', 0.05):g} (before the "
+            f"adjustment) finds with {round(100 * family.get('power', 0.8))}% power, given the seed-to-seed spread of "
+            "these pairs: \"not separated\" says nothing about differences smaller than it.")
 
 
 def answer_lines(aggregated):
@@ -523,8 +563,15 @@ def render(aggregated, figures):
         "## Gap to softmax", "",
         f"Paired over the seeds both runs share (seed k of every variant sees the same data order): mean of "
         f"acc(variant) − acc(softmax), percentage points, [{round(100 * aggregated['confidence'])}% CI], pairs. "
-        "An interval that contains 0 does not separate the variant from softmax with these seeds.", "",
-        f"Where the {round(100 * aggregated['confidence'])}% intervals of the linear kernels lie:", "",
+        "Each entry: the mean difference, its interval, the two-sided paired t-test's p-value, the Holm-adjusted "
+        "p-value and verdict, and the minimum detectable difference (MDE).", "",
+        family_line(aggregated), "",
+        "### The question itself: does the position close the gap?", "",
+        "Gap closed = (kernel − softmax) at the relative position − (kernel − softmax) at absolute positions, "
+        "paired over seeds; above 0 means the position narrows the kernel's gap to softmax. Percentage points, "
+        f"[{round(100 * aggregated['confidence'])}% CI], two-sided p, Holm-adjusted p and verdict, MDE.", "",
+        *interaction_table(aggregated), "",
+        "Verdicts of the linear kernels (Holm):", "",
         *verdict_lines(aggregated), "",
         "Each gap, with the cost of the position:", "",
         *answer_lines(aggregated), "",
@@ -533,9 +580,14 @@ def render(aggregated, figures):
     for dataset in datasets:
         rows = _by(cells, "variants", dataset)
         lines += [f"## {_dataset_name(dataset)} in detail", "",
-                  "Log-likelihood, AIC and BIC on the test split (mean over seeds); params trainable; seconds per "
-                  "epoch (median epoch of a run) and ms per image at batch 1 and 256, mean over seeds, on the device "
-                  "above: timings on a shared machine are noisy, so read small differences with care.", ""]
+                  "Test SE: the binomial sampling error sqrt(a (1 − a) / n) of the mean accuracy on the n test images "
+                  "(every seed is scored on the same images, so more seeds do not shrink it). NLL (mean negative "
+                  "log-likelihood per test image, nats) and ECE (expected calibration error, 15 confidence bins) are "
+                  "the fit measures to read: AIC and BIC are 2k − 2 ln L and k ln n − 2 ln L with k the trainable "
+                  "parameters, tens of thousands here against − 2 ln L of a few thousand, so they rank the variants "
+                  "by their parameter count. Params trainable; seconds per epoch (median epoch of a run) and ms per "
+                  "image at batch 1 and 256, mean over seeds, on the device above: timings on a shared machine are "
+                  "noisy, so read small differences with care.", ""]
         lines += detail_table([c for c in rows if _is_main(c)]) + [""]
         extra = [c for c in rows if not _is_main(c)]
         if extra:
@@ -586,7 +638,8 @@ def render_readme_section(reports):
             f"Δ test accuracy vs {BASELINE} in percentage points, paired over seeds, [95% CI]; cost relative to the "
             "kernel with absolute positions:", "",
             *answer_lines(aggregated), "",
-            "Where the 95% intervals of the linear kernels lie (contains 0: these seeds cannot tell the two apart):", "",
+            f"Verdicts of the linear kernels, Holm-adjusted over the {(aggregated.get('family') or {}).get('size', 0)} "
+            "paired comparisons of the main table (not separated: these seeds cannot tell the two apart):", "",
             *verdict_lines(aggregated), "",
         ]
     return "\n".join(lines).rstrip() + "\n"

@@ -68,7 +68,7 @@ def test_paired_difference_uses_common_seeds_only():
     assert aggregate.paired_difference({0: 0.8}, {1: 0.8}) is None
 
 
-def test_comparisons_and_where_their_intervals_lie():
+def test_comparisons_and_their_holm_verdicts():
     def cell(variant, values):
         per_seed = {str(seed): {"test_accuracy": v} for seed, v in enumerate(values)}
         return {"experiment": "variants", "dataset": "mnist", "variant": variant, "per_seed": per_seed}
@@ -85,19 +85,25 @@ def test_comparisons_and_where_their_intervals_lie():
                    [a - b for a, b in zip(favor_rope, favor_absolute)])
     assert rope["gain_over_absolute"]["baseline"] == "favor-absolute"
     assert "gain_over_absolute" not in favor
-    # By hand: gaps -0.10, -0.09, -0.10 have std 0.00577, interval -0.0967 +- 0.0143: below 0.
-    # favor-rope - softmax: 0.01, 0.00, 0.02, interval 0.01 +- 0.0248: contains 0.
-    # favor-rope - favor-absolute: 0.11, 0.09, 0.12, interval 0.1067 +- 0.038: above 0.
+    # By hand (n = 3, t on 2 df, two-sided p = 1 - t / sqrt(t^2 + 2)):
+    # favor-absolute - softmax: -0.10, -0.09, -0.10: mean -0.09667, std 0.00577, t = -29.0, p = 0.00119;
+    # favor-rope - softmax: 0.01, 0.00, 0.02: t = 1.732, p = 0.2254;
+    # favor-rope - favor-absolute: 0.11, 0.09, 0.12: mean 0.10667, std 0.01528, t = 12.095, p = 0.00677;
+    # favor-rope - softmax-rope: no softmax-rope row, so no test; no interaction either.
+    # Holm over these 3: 3 x 0.00119 = 0.00357, 2 x 0.00677 = 0.01354, 1 x 0.2254.
+    assert aggregate.adjust_family(cells) == 3
+    assert favor["gap_to_softmax"]["p_holm"] == pytest.approx(3 * (1 - 29 / math.sqrt(29**2 + 2)), rel=1e-3)
     assert report.interval_side(favor["gap_to_softmax"]) == "below 0"
-    assert report.interval_side(rope["gap_to_softmax"]) == "contains 0"
+    assert report.interval_side(rope["gap_to_softmax"]) == "not separated"
     assert report.interval_side(rope["gain_over_absolute"]) == "above 0"
-    assert report.interval_side({"mean": 0.1, "ci95": None}) == "no interval yet"
+    assert report.interval_side({"mean": 0.1, "ci95": None}) == "no test yet"
     lines = report.verdict_lines({"cells": cells})
     assert lines == [
         "- MNIST:",
         "  - gap to close (kernel-absolute − softmax-absolute): below 0: favor-absolute.",
-        "  - relative position − softmax-absolute: contains 0: favor-rope.",
+        "  - relative position − softmax-absolute: not separated: favor-rope.",
         "  - relative position − same kernel, absolute: above 0: favor-rope.",
+        "  - gap closed: (kernel − softmax) at the position − (kernel − softmax) at absolute: no test yet: favor-rope.",
     ]
 
 
@@ -150,7 +156,7 @@ def test_tuned_profile_takes_searched_hyperparameters_only(tmp_path):
 # === Aggregate and report of planned, partly finished runs (no training) ===
 
 
-def fake_run(folder, config, accuracy, val_curve):
+def fake_run(folder, config, accuracy, val_curve, test_examples=None):
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(config.to_dict()))
     metrics = {key: None for key in METRIC_KEYS} | {
@@ -158,7 +164,7 @@ def fake_run(folder, config, accuracy, val_curve):
         "macro_f1": accuracy - 0.01, "log_likelihood": -100.0, "aic": 300.0, "bic": 400.0, "params": 1000,
         "flops_per_image": 2e6, "train_seconds_per_epoch": 5.0, "latency_ms_batch1": 1.0 + accuracy,
         "latency_ms_batch256": 0.1, "epochs_to_90": 2 if max(val_curve) >= 0.9 else None,
-        "device": "cpu: test", "backend": "tensorflow",
+        "device": "cpu: test", "backend": "tensorflow", "test_examples": test_examples,
     }
     (folder / "metrics.json").write_text(json.dumps(metrics))
     with open(folder / "history.csv", "w", newline="") as f:
@@ -203,6 +209,66 @@ def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
     assert "no best.keras checkpoint" in readme
     assert (root / "pareto_mnist.png").is_file() and (root / "curves_mnist.png").is_file()
     assert "small/README.md)" in (tmp_path / "README_SECTION.md").read_text()
+
+
+def test_paired_statistics_holm_and_interaction_by_hand(tmp_path):
+    # Accuracies of seeds 0, 1, 2. Every difference below has n = 3, so t has 2
+    # degrees of freedom, where the two-sided p-value is 1 - t / sqrt(t^2 + 2).
+    table = {
+        "softmax-absolute": (0.90, 0.91, 0.92),
+        "favor-absolute": (0.88, 0.90, 0.89),
+        "softmax-rope": (0.91, 0.93, 0.92),
+        "favor-rope": (0.90, 0.93, 0.92),
+    }
+    profile = get_profile("small")
+    jobs = benchmark.plan(profile, tmp_path, variants=list(table), datasets=["mnist"], seeds=[0, 1, 2],
+                          experiments=["variants"])
+    root = benchmark.profile_root(tmp_path, profile)
+    for job in jobs:
+        accuracy = table[job.variant][job.seed]
+        fake_run(job.folder(root), job.config, accuracy, [accuracy], test_examples=10_000)
+    result = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))
+    cells = {c["variant"]: c for c in result["cells"]}
+
+    def p(t):
+        return 1 - abs(t) / math.sqrt(t * t + 2)
+
+    # favor-absolute - softmax-absolute = (-.02, -.01, -.03): mean -.02, std .01, t = -3.4641,
+    # interval -.02 +- 4.302653 x .01 / sqrt 3.
+    gap = cells["favor-absolute"]["gap_to_softmax"]
+    assert gap["ci95"] == pytest.approx([-0.02 - 0.0248414, -0.02 + 0.0248414], abs=1e-6)
+    assert gap["p_value"] == pytest.approx(p(-2 * math.sqrt(3)), abs=1e-6)
+    # The interaction: (favor-rope - softmax-rope) - (favor-absolute - softmax-absolute)
+    # = (-.01, 0, 0) - (-.02, -.01, -.03) = (.01, .01, .03): mean .016667, std .011547,
+    # t = 2.5, interval +- 4.302653 x .011547 / sqrt 3 = +- .028684.
+    interaction = cells["favor-rope"]["interaction"]
+    assert interaction["seeds"] == [0, 1, 2]
+    assert interaction["mean"] == pytest.approx(0.0166667, abs=1e-6)
+    assert interaction["ci95"] == pytest.approx([0.0166667 - 0.028684, 0.0166667 + 0.028684], abs=1e-5)
+    assert interaction["p_value"] == pytest.approx(p(2.5), abs=1e-6)
+    # Power: n = 3, std .011547: the smallest difference found 80% of the time is
+    # 3.264044 std (the noncentral t; simulated in test_significance.py).
+    assert interaction["mde"] == pytest.approx(3.264044 * 0.011547, rel=1e-4)
+    # The family: softmax-rope's gain (t = 1.7321), favor-absolute's gap (t = -3.4641),
+    # favor-rope's gap to softmax-absolute (t = 1), to softmax-rope (t = -1), its gain
+    # over favor-absolute (d = .02, .03, .03: t = 8) and the interaction (t = 2.5).
+    # Holm with k = 6 multiplies the sorted p-values by 6, 5, 4, 3, 2, 1 (kept monotone).
+    assert result["family"]["size"] == 6
+    gain = cells["favor-rope"]["gain_over_absolute"]
+    assert gain["p_value"] == pytest.approx(p(8.0), abs=1e-6) and gain["p_value"] < 0.05
+    assert gain["p_holm"] == pytest.approx(6 * p(8.0), abs=1e-6)
+    assert gain["verdict"] == "not separated"  # 0.0153 alone, 0.0916 in a family of six
+    assert gap["p_holm"] == pytest.approx(5 * p(-2 * math.sqrt(3)), abs=1e-6)
+    assert interaction["p_holm"] == pytest.approx(4 * p(2.5), abs=1e-6)
+    assert cells["softmax-rope"]["gap_to_softmax"]["p_holm"] == pytest.approx(3 * p(math.sqrt(3)), abs=1e-6)
+    assert cells["favor-rope"]["gap_to_softmax"]["p_holm"] == pytest.approx(2 * p(1.0), abs=1e-6)
+    assert cells["favor-rope"]["gap_to_softmax_same_position"]["p_holm"] == pytest.approx(2 * p(1.0), abs=1e-6)
+    assert "p_holm" not in cells["favor-absolute"]["gap_to_softmax_same_position"]  # repeats its gap
+    # Test-set sampling error of softmax-absolute's mean .91 on 10,000 images: sqrt(.91 x .09 / 10^4).
+    assert cells["softmax-absolute"]["test_sampling_error"]["standard_error"] == pytest.approx(0.0028618, abs=1e-7)
+
+    readme = report.render(result, {})
+    assert "Holm" in readme and "+1.67 [-1.20, 4.54]" in readme
 
 
 # === End to end: kill, resume, aggregate by hand, report ===

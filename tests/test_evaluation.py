@@ -71,6 +71,12 @@ def test_classification_metrics_by_hand():
     assert metrics["log_likelihood"] == pytest.approx(-32.228223, abs=1e-5)
     assert metrics["aic"] == pytest.approx(84.456446, abs=1e-5)  # 2*10 + 64.456446
     assert metrics["bic"] == pytest.approx(82.374041, abs=1e-5)  # 10 ln 6 + 64.456446
+    assert metrics["test_examples"] == 6
+    assert metrics["nll_per_image"] == pytest.approx(32.228223 / 6, abs=1e-6)
+    # Confidences 0.7 (right), 0.5 (wrong), 0.8 (right), 0.6 (wrong), 0.5 (wrong),
+    # 1.0 (wrong), each level in a bin of its own (bins are 1/15 wide):
+    # ECE = (2 |0 - 0.5| + |0 - 0.6| + |1 - 0.7| + |1 - 0.8| + |0 - 1.0|) / 6 = 3.1 / 6.
+    assert metrics["expected_calibration_error"] == pytest.approx(3.1 / 6)
 
 
 def test_classification_metrics_names_default_to_indices_and_no_params_no_criteria():
@@ -78,6 +84,13 @@ def test_classification_metrics_names_default_to_indices_and_no_params_no_criter
     assert [row["class"] for row in metrics["per_class"]] == [0, 1, 2]
     assert metrics["aic"] is None and metrics["bic"] is None
     json.dumps(metrics)  # plain Python numbers only
+
+
+def test_calibration_error_is_zero_when_confidence_matches_accuracy():
+    # Confidence 0.75 on every example, 3 of 4 right: perfectly calibrated.
+    probabilities = [[0.75, 0.25]] * 4
+    metrics = classification_metrics([0, 0, 0, 1], probabilities, num_params=None)
+    assert metrics["expected_calibration_error"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_classification_metrics_rejects_out_of_range_labels():

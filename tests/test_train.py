@@ -85,6 +85,15 @@ def test_hparams_and_scalars_logged_for_tensorboard(softmax_run):
         for value in event.summary.value
     }
     assert {"hparams", "scalars"} <= plugins
+    logged = {
+        value.tag: float(tf.make_ndarray(value.tensor))
+        for events in (softmax_run / "logs" / "test").glob("events.out.tfevents*")
+        for event in tf.compat.v1.train.summary_iterator(str(events))
+        for value in event.summary.value
+    }
+    expected = metrics(softmax_run)
+    for key in ("test_accuracy", "nll_per_image", "expected_calibration_error"):
+        assert logged[key] == pytest.approx(expected[key], rel=1e-6), key
     with open(softmax_run / "history.csv") as f:
         row = next(csv.DictReader(f))
     assert float(row["learning_rate"]) >= 0 and float(row["epoch_seconds"]) > 0
