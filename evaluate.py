@@ -10,30 +10,25 @@ missing path, an unknown dataset, something that is not a model) prints one
 line to stderr and exits with status 2, like an argparse usage error.
 """
 
-import argparse
 import sys
 
 
-def positive_int(text):
-    """argparse type: an integer >= 1 (`options.positive_int`, imported late: performer_keras loads Keras)."""
-    from performer_keras.options import positive_int as check
-
-    return check(text)
-
-
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from performer_keras.cli import OneLineParser
+    from performer_keras.options import positive_int
+
+    parser = OneLineParser(prog="evaluate.py", description=__doc__.splitlines()[0])
     parser.add_argument("path", metavar="RUN_OR_MODEL", help="run folder, .keras file or SavedModel folder")
     parser.add_argument("--dataset", help="test data (default: the run's config.json)")
     parser.add_argument("--limit", type=positive_int, help="first N test examples (default: the run's)")
     parser.add_argument("--batch-size", type=positive_int, default=256, help="prediction batch (default 256)")
-    parser.add_argument("--out", help="folder for metrics.json and confusion_matrix.png")
+    parser.add_argument("--out", help="folder for metrics.json and confusion_matrix.png (required to evaluate a "
+                        "finished run on other test data than its own)")
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    # Imported after parsing so that --help answers without loading TensorFlow.
     from performer_keras.data import DataError
     from performer_keras.evaluation import EvaluationError, evaluate, format_table
 

@@ -15,6 +15,9 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from performer_keras.cli import OneLineParser, interruptible  # noqa: E402
+from performer_keras.options import non_negative_int, positive_int  # noqa: E402
+
 
 def add_run_arguments(parser):
     """train.py's data, model and kernel options; also used by the tuner and the benchmark."""
@@ -28,23 +31,21 @@ def add_run_arguments(parser):
     )
     parser.add_argument("--size", help="tiny, small (default) or reference (width 256, depth 6, 8 heads, MLP 512, patch 4)")
     for name in ("width", "depth", "heads", "mlp-dim", "patch-size"):
-        parser.add_argument(f"--{name}", type=int)
-    parser.add_argument("--num-features", type=int, help="random features m for favor and relu")
-    parser.add_argument("--redraw-interval", type=int, help="redraw random features every K steps (0 = never)")
+        parser.add_argument(f"--{name}", type=positive_int)
+    parser.add_argument("--num-features", type=positive_int, help="random features m for favor and relu")
+    parser.add_argument("--redraw-interval", type=non_negative_int, help="redraw random features every K steps (0 = never)")
     parser.add_argument("--orthogonal", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None, help="relu: phi(x) = ReLU(x)")
     parser.add_argument("--rotation-order", help="before or after the feature map")
     parser.add_argument("--rope-mixed", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--normalize-qk", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--absolute-position", action=argparse.BooleanOptionalAction, default=None)
-    parser.add_argument("--linformer-dim", type=int)
+    parser.add_argument("--linformer-dim", type=positive_int)
     parser.add_argument("--precision", help="float32, mixed_bfloat16 or mixed_float16")
 
 
 def limit_arg(text):
     """argparse type of --limit: an integer >= 1, or 'all' (every example)."""
-    from performer_keras.options import positive_int
-
     return text if text == "all" else positive_int(text)
 
 
@@ -65,20 +66,25 @@ def run_config_from_args(args, RunConfig, RunError):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser)
-    parser.add_argument("--epochs", type=int)
-    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--epochs", type=positive_int)
+    parser.add_argument("--batch-size", type=positive_int)
     parser.add_argument("--learning-rate", type=float)
     parser.add_argument("--weight-decay", type=float)
-    parser.add_argument("--seed", type=int)
+    parser.add_argument("--seed", type=non_negative_int)
     parser.add_argument("--hparams", help="JSON of hyperparameters (e.g. the tuner's best_hparams.json)")
     parser.add_argument("--init-from", help="a .keras checkpoint (e.g. a trained softmax run's best.keras)")
+    parser.add_argument("--init-from-partial", action="store_true", default=None,
+                        help="start from the matching weights even if the checkpoint is of another model")
     parser.add_argument("--out", help="run folder (default runs/<variant>_<dataset>_seed<seed>)")
     parser.add_argument("--export", help="also write a SavedModel (uint8 images -> probabilities) here")
     parser.add_argument("--list-variants", action="store_true", help="print the variant names and exit")
     args = parser.parse_args(argv)
+    return interruptible("train.py", lambda: run(args))
 
+
+def run(args):
     from performer_keras import list_variants
     from performer_keras.data import DataError
     from performer_keras.evaluation import format_table

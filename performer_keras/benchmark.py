@@ -22,8 +22,8 @@ is that row's folder, not a second copy.
 
 The queue runs the main table first, dataset by dataset, all seeds of a row
 before the next row, so that whole cells of the main table finish first; then
-the extra rows (exp, linformer), then the init-from and num_features
-experiments. At the end aggregate.json is
+the profile's deferred rows (`Profile.deferred`, on every dataset), then the
+extra rows (exp, linformer), then the init-from and num_features experiments. At the end aggregate.json is
 written (`aggregate.py`); the report is `python -m performer_keras.report`.
 
 Exit status: 0 when every queued run is finished, 1 when some failed or were
@@ -38,6 +38,9 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from performer_keras.cli import OneLineParser, interruptible  # noqa: E402
+from performer_keras.options import non_negative_int, positive_int  # noqa: E402
 
 EXPERIMENTS = ("variants", "init_from", "num_features")
 
@@ -99,7 +102,8 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
     datasets = tuple(datasets or profile.datasets)
     main_seeds = tuple(profile.seeds if seeds is None else seeds)
     ablation_seeds = tuple((profile.ablation_seeds or profile.seeds) if seeds is None else seeds)
-    row_groups = [tuple(variants)] if variants else [profile.variants, profile.extra_variants]
+    main_rows = tuple(v for v in profile.variants if v not in profile.deferred)
+    row_groups = [tuple(variants)] if variants else [main_rows, profile.deferred, profile.extra_variants]
     wanted = (lambda v: True) if variants is None else (lambda v: v in variants)
     jobs, configs = [], {}
 
@@ -254,8 +258,8 @@ def add_selection_arguments(parser):
     parser.add_argument("--profile", default="small", help="reference, small, tuned or tiny (benchmark_profiles.py)")
     parser.add_argument("--variants", nargs="+", help="only these variants (default: the profile's rows)")
     parser.add_argument("--datasets", nargs="+", help="default: the profile's")
-    parser.add_argument("--seeds", nargs="+", type=int, help="default: the profile's")
-    parser.add_argument("--epochs", type=int, help="epochs on every dataset (default: the profile's)")
+    parser.add_argument("--seeds", nargs="+", type=non_negative_int, help="default: the profile's")
+    parser.add_argument("--epochs", type=positive_int, help="epochs on every dataset (default: the profile's)")
     parser.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), help=f"some of {EXPERIMENTS}")
     parser.add_argument("--results-dir", default="results", help="parent of results/<profile>/ (default results)")
 
@@ -265,19 +269,24 @@ def selected_jobs(args, profile):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_selection_arguments(parser)
-    parser.add_argument("--max-runs", type=int, help="stop after training this many runs")
+    parser.add_argument("--max-runs", type=non_negative_int, help="stop after training this many runs")
     parser.add_argument("--list", action="store_true", help="print the queue with each run's state and exit")
     parser.add_argument("--verbose", action="store_true", help="Keras progress lines for every epoch")
     args = parser.parse_args(argv)
+    return interruptible("benchmark", lambda: run(args))
 
+
+def run(args):
     import keras
 
     from performer_keras.benchmark_profiles import get_profile
     from performer_keras.run_config import RunError
 
     try:
+        if Path(args.results_dir).exists() and not Path(args.results_dir).is_dir():
+            raise RunError(f"--results-dir {args.results_dir} is a file; give a folder")
         profile = get_profile(args.profile)
         selected = selected_jobs(args, profile)
         backend = keras.backend.backend()
@@ -294,7 +303,8 @@ def main(argv=None):
     if args.list:
         for job in jobs:
             print(f"{'finished' if is_finished(job, root) else 'queued  '}  {job.folder(root)}")
-        print(f"{sum(is_finished(job, root) for job in jobs)} of {len(jobs)} runs finished")
+        finished = sum(is_finished(job, root) for job in jobs)
+        print(f"{finished} of {len(jobs)} runs finished" + ("; the queue is complete" if finished == len(jobs) else ""))
         return 0
     print(f"benchmark {profile.name}: {len(jobs)} runs, {sum(is_finished(job, root) for job in jobs)} finished; backend {backend}",
           flush=True)

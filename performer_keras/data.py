@@ -99,6 +99,7 @@ def load_dataset(
     name: str,
     limit: int | None = None,
     data_dir=DATA_DIR,
+    limit_test: bool = True,
     validation_size: int = 5000,
     split_seed: int = 42,
 ) -> Splits:
@@ -114,6 +115,9 @@ def load_dataset(
         Keep only the first ``limit`` examples of each split, after splitting;
         for smoke runs and tests. ``mean`` and ``std`` follow the limited train
         split.
+    limit_test : bool
+        Whether ``limit`` also cuts the test split. Benchmark profiles pass
+        False: every accuracy they report is measured on the whole test set.
     data_dir : path-like
         Folder holding the bundled ``.npz`` files.
     validation_size : int
@@ -143,7 +147,7 @@ def load_dataset(
         arrays = _read_bundled(name, Path(data_dir))
     else:
         arrays = _read_tfds(name)
-    return _make_splits(name, *arrays, limit, validation_size, split_seed)
+    return _make_splits(name, *arrays, limit, validation_size, split_seed, limit_test)
 
 
 def augmentation_for(dataset_name: str) -> str:
@@ -438,7 +442,7 @@ def _read_tfds(name):
 
 
 def _make_splits(
-    name, x_train, y_train, x_test, y_test, label_names, limit, validation_size, split_seed
+    name, x_train, y_train, x_test, y_test, label_names, limit, validation_size, split_seed, limit_test=True
 ):
     """Draw the validation split from the training set and assemble `Splits`.
 
@@ -454,11 +458,11 @@ def _make_splits(
     # Limit the indices before gathering, so a smoke run never copies a full
     # split; `[:None]` keeps everything.
     train, validation, test = (
-        (images[index[:limit]], labels[index[:limit]].astype(np.int32))
-        for images, labels, index in (
-            (x_train, y_train, train_index),
-            (x_train, y_train, validation_index),
-            (x_test, y_test, test_order),
+        (images[index[:cut]], labels[index[:cut]].astype(np.int32))
+        for images, labels, index, cut in (
+            (x_train, y_train, train_index, limit),
+            (x_train, y_train, validation_index, limit),
+            (x_test, y_test, test_order, limit if limit_test else None),
         )
     )
     mean, std = _channel_stats(train[0])

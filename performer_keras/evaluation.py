@@ -397,15 +397,26 @@ def evaluate(path, dataset=None, limit=None, batch_size=256, out=None):
     """
     path = Path(path)
     kind = _path_kind(path)
-    config = json.loads((path / "config.json").read_text()) if kind == "run" else {}
+    try:
+        config = json.loads((path / "config.json").read_text()) if kind == "run" else {}
+    except ValueError as error:
+        raise EvaluationError(f"{path / 'config.json'} is not valid JSON ({error})") from None
+    if kind == "run" and out is None and (path / "metrics.json").is_file() and (
+        (dataset or config.get("dataset")) != config.get("dataset") or (limit is not None and limit != config.get("limit"))
+    ):
+        raise EvaluationError(f"{path} is a finished run measured on its own test split; evaluating it on other data "
+                              f"would overwrite its metrics.json: give --out DIR for the new result")
     dataset = dataset or config.get("dataset")
     if dataset is None:
         raise EvaluationError(f"{path} is not a run folder with config.json, so a dataset is required")
     if limit is None:
         limit = config.get("limit")
+        limit_test = config.get("limit_test", True)
+    else:
+        limit_test = True
     out = Path(out) if out else (path if kind == "run" else path.parent)
 
-    splits = load_dataset(dataset, limit)
+    splits = load_dataset(dataset, limit, limit_test=limit_test)
     images, labels = splits.test
     model = load_saved_model(path) if kind == "saved_model" else load_keras_model(
         path / "best.keras" if kind == "run" else path

@@ -696,7 +696,9 @@ def main(argv=None):
     from performer_keras.benchmark_profiles import get_profile
     from performer_keras.run_config import RunError
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from performer_keras.cli import OneLineParser
+
+    parser = OneLineParser(prog="report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_selection_arguments(parser)
     args = parser.parse_args(argv)
     try:

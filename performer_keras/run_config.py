@@ -3,8 +3,8 @@
 import dataclasses
 import json
 
-from performer_keras.options import check_choice, check_positive
-from performer_keras.registry import SIZES, parse_variant
+from performer_keras.options import check_choice, check_finite, check_non_negative, check_positive
+from performer_keras.registry import SIZES, list_variants, model_config, parse_variant
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
@@ -46,8 +46,10 @@ class RunConfig:
     normalize_qk: bool | None = None
     linformer_dim: int = 32
     limit: int | None = None
+    limit_test: bool = True
     precision: str = "float32"
     init_from: str | None = None
+    init_from_partial: bool = False
 
     def __post_init__(self):
         try:
@@ -59,10 +61,30 @@ class RunConfig:
             for name in ("width", "depth", "heads", "mlp_dim", "patch_size", "limit"):
                 if getattr(self, name) is not None:
                     check_positive(name, getattr(self, name))
-            if not self.learning_rate > 0:
-                raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
-        except ValueError as error:
+            check_finite("learning_rate", self.learning_rate, low=0.0, low_open=True)
+            check_finite("weight_decay", self.weight_decay, low=0.0)
+            check_finite("warmup_epochs", self.warmup_epochs, low=0.0)
+            check_non_negative("redraw_interval", self.redraw_interval)
+            check_non_negative("seed", self.seed)
+            for name in ("absolute_position", "orthogonal", "deterministic", "rope_mixed", "limit_test", "init_from_partial"):
+                if not isinstance(getattr(self, name), bool):
+                    raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+            if self.variant not in list_variants(extra=True):
+                raise ValueError(f"variant {self.variant!r} does not exist; expected one of {list_variants(extra=True)}")
+            model = model_config(**self.model_overrides())
+            if model["width"] % model["heads"]:
+                raise ValueError(f"width {model['width']} is not divisible by heads {model['heads']}")
+        except (ValueError, TypeError) as error:
             raise RunError(str(error)) from None
+
+    def check_data(self, image_shape, train_examples):
+        """Raise RunError if the run cannot train on images of `image_shape` with `train_examples` examples."""
+        patch = model_config(**self.model_overrides())["patch_size"]
+        height, width = image_shape[:2]
+        if height % patch or width % patch:
+            raise RunError(f"patch_size {patch} does not divide the {height}x{width} images of {self.dataset}")
+        if self.batch_size > train_examples:
+            raise RunError(f"batch_size {self.batch_size} exceeds the {train_examples} training examples of {self.dataset}")
 
     @property
     def attention(self):
@@ -85,7 +107,13 @@ class RunConfig:
         return dict(size=self.size, **{k: v for k, v in sizes.items() if v is not None}, **kernel)
 
     def to_dict(self):
-        return dataclasses.asdict(self)
+        """Every field; `limit_test` and `init_from_partial` only when not the default, so run folders
+        written before they existed still match."""
+        values = dataclasses.asdict(self)
+        for name, default in (("limit_test", True), ("init_from_partial", False)):
+            if values[name] == default:
+                del values[name]
+        return values
 
     @classmethod
     def fields(cls):

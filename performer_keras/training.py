@@ -19,6 +19,7 @@ threshold are cut back to that epoch, so the run ends with the same metrics as
 an uninterrupted one.
 """
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -53,11 +54,20 @@ def read_json(path):
         return json.load(f)
 
 
-def prepare_run_folder(config, out_dir):
-    """Create `out_dir` or check that it holds this very run; never touch another run."""
+def check_run_folder(config, out_dir):
+    """Check that `out_dir` may hold this run (absent, empty, or this very run); writes nothing.
+
+    A folder holding only a config.json never trained (a start that failed
+    before its first epoch, with older code): it is taken over, so the
+    corrected command is not refused. Temporary files are writes a kill cut
+    short, never a run.
+    """
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RunError(f"{out_dir} is a file, not a run folder; choose another --out")
     config_path = out_dir / "config.json"
-    if config_path.exists():
+    content = [f.name for f in out_dir.iterdir() if not f.name.startswith(".tmp-")] if out_dir.exists() else []
+    if config_path.exists() and content != ["config.json"]:
         try:
             existing = read_json(config_path)
         except ValueError:
@@ -65,12 +75,18 @@ def prepare_run_folder(config, out_dir):
         if existing != config.to_dict():
             changed = sorted(k for k in set(existing) | set(config.to_dict()) if existing.get(k) != config.to_dict().get(k))
             raise RunError(f"{out_dir} holds a different run (differs in {changed}); choose another --out")
-    elif out_dir.exists() and any(not f.name.startswith(".tmp-") for f in out_dir.iterdir()):
-        # Temporary files are a killed first write of config.json: the run never started.
+    elif content and content != ["config.json"]:
         raise RunError(f"{out_dir} is not empty and holds no run; choose another --out")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(config_path, config.to_dict())
     return out_dir
+
+
+def check_export_folder(export_dir):
+    """An export goes into an absent or empty folder, or over an earlier SavedModel (re-exporting the same run)."""
+    export_dir = Path(export_dir)
+    if export_dir.exists() and not export_dir.is_dir():
+        raise RunError(f"--export {export_dir} is a file; give a folder")
+    if export_dir.is_dir() and any(export_dir.iterdir()) and not (export_dir / "saved_model.pb").is_file():
+        raise RunError(f"--export {export_dir} is not empty and holds no SavedModel; choose another folder")
 
 
 def code_version():
@@ -95,16 +111,23 @@ def record_provenance(out_dir, start_epoch):
     write_json(path, {"sessions": sessions})
 
 
-def copy_shared_weights(model, checkpoint):
-    """Copy every variable of `checkpoint` whose path and shape match one of `model`.
-
-    Starting a Performer from a trained softmax ViT shares everything but the
-    kernel's own state (random projections, position parameters).
-    """
+def load_checkpoint(checkpoint):
+    """The model saved in `checkpoint`; RunError (one line) if it cannot be read."""
     try:
-        source = keras.models.load_model(checkpoint)
+        return keras.models.load_model(checkpoint)
     except Exception as error:  # any unreadable file is a user error
         raise RunError(f"cannot read --init-from checkpoint {checkpoint}: {type(error).__name__}: {error}".splitlines()[0]) from None
+
+
+def copy_shared_weights(model, source, checkpoint, partial=False):
+    """Copy every variable of `source` whose path and shape match one of `model`.
+
+    Starting a Performer from a trained softmax ViT shares everything but the
+    kernel's own state (random projections, position parameters), so every
+    weight of the source finds its place. A source of another size or
+    architecture would give only a few: that is refused (RunError) unless
+    `partial`, so a wrong checkpoint never starts a run silently.
+    """
     source_vars = {v.path: v for v in source.weights}
     copied, kept = [], []
     for variable in model.weights:
@@ -114,7 +137,11 @@ def copy_shared_weights(model, checkpoint):
             copied.append(variable.path)
         else:
             kept.append(variable.path)
-    return {"checkpoint": str(checkpoint), "copied": copied, "not_copied": kept}
+    unused = sorted(set(source_vars) - set(copied))
+    if unused and not partial:
+        raise RunError(f"--init-from {checkpoint}: only {len(copied)} of its {len(source_vars)} weights match this "
+                       f"model (first unused: {unused[0]}); give --init-from-partial to start from them anyway")
+    return {"checkpoint": str(checkpoint), "copied": copied, "not_copied": kept, "unused_in_checkpoint": unused}
 
 
 def log_hparams(log_dir, config, trial_id=None):
@@ -153,11 +180,22 @@ def train(config, out_dir, verbose="auto", export_dir=None):
     """
     from performer_keras import evaluation
 
-    out_dir = prepare_run_folder(config, out_dir)
+    out_dir = check_run_folder(config, out_dir)
     if (out_dir / "metrics.json").exists():
         return read_json(out_dir / "metrics.json")
+    if export_dir is not None:
+        check_export_folder(export_dir)
     if not training_finished(config, out_dir):
-        _train_model(config, out_dir, verbose)
+        # Everything that can refuse the run is checked before the folder is written.
+        splits = data.load_dataset(config.dataset, limit=config.limit)
+        config.check_data(splits.image_shape, len(splits.train[0]))
+        source = load_checkpoint(config.init_from) if config.init_from else None
+        if source is not None:
+            with dtype_policy(config.precision):
+                copy_shared_weights(_create(config, splits), source, config.init_from, partial=config.init_from_partial)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(out_dir / "config.json", config.to_dict())
+        _train_model(config, splits, source, out_dir, verbose)
     if export_dir is not None:
         from performer_keras.export import export_saved_model
 
@@ -178,34 +216,44 @@ def training_finished(config, out_dir):
     )
 
 
-def _train_model(config, out_dir, verbose):
-    splits = data.load_dataset(config.dataset, limit=config.limit)
-    previous_policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(config.precision)
+@contextlib.contextmanager
+def dtype_policy(precision):
+    """Keras' global dtype policy set to `precision` inside the block, restored after."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(precision)
     try:
-        _fit(config, splits, out_dir, verbose)
+        yield
     finally:
-        keras.config.set_dtype_policy(previous_policy)
+        keras.config.set_dtype_policy(previous)
 
 
-def _fit(config, splits, out_dir, verbose):
+def _create(config, splits):
+    """The run's model, seeded, not compiled."""
+    keras.utils.set_random_seed(config.seed)
+    return create_model(
+        config.variant,
+        image_shape=splits.image_shape,
+        num_classes=splits.num_classes,
+        mean=splits.mean,
+        std=splits.std,
+        **config.model_overrides(),
+    )
+
+
+def _train_model(config, splits, source, out_dir, verbose):
+    with dtype_policy(config.precision):
+        _fit(config, splits, source, out_dir, verbose)
+
+
+def _fit(config, splits, source, out_dir, verbose):
     (x_train, y_train), (x_val, y_val) = splits.train, splits.validation
     steps = data.steps_per_epoch(len(x_train), config.batch_size)
-    if steps < 1:
-        raise RunError(f"batch size {config.batch_size} exceeds the {len(x_train)} training examples")
 
     def build_model():
-        keras.utils.set_random_seed(config.seed)
-        model = create_model(
-            config.variant,
-            image_shape=splits.image_shape,
-            num_classes=splits.num_classes,
-            mean=splits.mean,
-            std=splits.std,
-            **config.model_overrides(),
-        )
-        if config.init_from:
-            write_json(out_dir / "init_from.json", copy_shared_weights(model, config.init_from))
+        model = _create(config, splits)
+        if source is not None:
+            write_json(out_dir / "init_from.json", copy_shared_weights(model, source, config.init_from,
+                                                                       partial=config.init_from_partial))
         model.compile(
             optimizer=build_optimizer(config, steps),
             loss="sparse_categorical_crossentropy",

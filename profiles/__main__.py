@@ -11,13 +11,13 @@ scaling/<scope>-<series>.json, traces/, plots/, run.json and summary.md
 time and a memory limit; failures are recorded and the run goes on.
 """
 
-import argparse
 import datetime
 import shlex
 import sys
 from pathlib import Path
 
 from performer_keras import atomic
+from performer_keras.options import check_choice
 from performer_keras.options import positive_int
 from profiles import DEFAULT_PATCHES, SCOPES
 
@@ -25,7 +25,9 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m profiles", description=__doc__.splitlines()[0])
+    from performer_keras.cli import OneLineParser
+
+    parser = OneLineParser(prog="python -m profiles", description=__doc__.splitlines()[0])
     parser.add_argument("variants", nargs="*", metavar="VARIANT",
                         help="registry names such as favor-rope (default: the twelve of list_variants())")
     parser.add_argument("--datasets", nargs="+", default=["mnist"], choices=("mnist", "cifar10"),
@@ -69,19 +71,24 @@ def main(argv=None):
     # Imported after parsing so that --help answers without loading a backend.
     import keras
 
-    from performer_keras.registry import list_variants, parse_variant
+    from performer_keras.cli import fail
+    from performer_keras.registry import SIZES, list_variants, parse_variant
     from profiles import bench, report, scaling
 
     variants = args.variants or list_variants()
-    for variant in variants:
-        try:
+    try:
+        for variant in variants:
             parse_variant(variant)
-        except ValueError as err:
-            sys.exit(f"profiles: {err}")
+        check_choice("size", args.size, tuple(SIZES))
+    except ValueError as err:
+        return fail("python -m profiles", err)
+    if args.out.exists() and not args.out.is_dir():
+        return fail("python -m profiles", f"--out {args.out} is a file; give a folder")
     result_dir = args.out / bench.device_slug() / keras.backend.backend()
     if args.report_only:
         print(report.write_summary(result_dir))
-        return
+        return 0
+    failed = []
     started = datetime.datetime.now().isoformat(timespec="seconds")
     entry = dict(command=command, started=started, settings={k: str(v) if isinstance(v, Path) else v
                                                              for k, v in vars(args).items()})
@@ -102,6 +109,8 @@ def main(argv=None):
                 if record.get("trace_dir"):
                     record["trace_dir"] = str(Path(record["trace_dir"]).relative_to(result_dir))
                 _write(path, record)
+                if record["status"] != "ok":
+                    failed.append(f"{variant}-{dataset}")
                 print(f"bench {variant} {dataset}: {record['train_step_ms'] and round(record['train_step_ms'], 1)} "
                       f"ms/step, status {record['status']}", flush=True)
 
@@ -125,6 +134,10 @@ def main(argv=None):
     entry["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     report.append_run(result_dir, entry)
     print(report.write_summary(result_dir))
+    if failed:
+        print(f"python -m profiles: the bench of {', '.join(failed)} did not finish (status in its JSON)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _points_per_child():
@@ -149,4 +162,4 @@ def _write(path, record):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -153,6 +153,30 @@ def test_tuned_profile_takes_searched_hyperparameters_only(tmp_path):
         get_profile("huge")
 
 
+def test_no_benchmark_profile_limits_the_test_split():
+    from performer_keras.benchmark_profiles import PROFILES, Profile
+    from performer_keras.data import load_dataset
+
+    for name in PROFILES:
+        profile = get_profile(name)
+        for dataset in profile.datasets:
+            config = profile.config(profile.variants[0], dataset, 0)
+            assert config.limit is None or config.limit_test is False, (name, dataset)
+    splits = load_dataset("mnist", limit=300, limit_test=False)
+    assert (len(splits.train[0]), len(splits.validation[0]), len(splits.test[0])) == (300, 300, 10_000)
+    with pytest.raises(ValueError, match="limits the test split"):
+        Profile(name="x", doc="", variants=("softmax-absolute",), extra_variants=(), datasets=("mnist",),
+                seeds=(0,), epochs={"mnist": 1}, settings=dict(limit=100))
+
+
+def test_deferred_rows_come_after_every_other_main_row(tmp_path):
+    profile = dataclasses.replace(get_profile("tiny"), datasets=("mnist", "cifar10"), deferred=("softmax-absolute",),
+                                  epochs={"mnist": 1, "cifar10": 1})
+    order = [(job.dataset, job.variant) for job in benchmark.plan(profile, tmp_path, experiments=["variants"])]
+    assert order == [("mnist", "favor-absolute")] * 2 + [("cifar10", "favor-absolute")] * 2 + [
+        ("mnist", "softmax-absolute")] * 2 + [("cifar10", "softmax-absolute")] * 2
+
+
 # === Aggregate and report of planned, partly finished runs (no training) ===
 
 

@@ -32,7 +32,10 @@ def train_ok(*args):
 def train_fails(capsys, *args):
     """Exit code and the last line on stderr of a run expected to fail."""
     capsys.readouterr()
-    code = train.main([str(a) for a in args])
+    try:
+        code = train.main([str(a) for a in args])
+    except SystemExit as exit:  # an argparse error: one line, then exit
+        code = exit.code
     err = capsys.readouterr().err
     return code, [line for line in err.strip().splitlines() if line.strip()][-1]
 
@@ -178,8 +181,8 @@ def test_finished_run_is_not_trained_again(softmax_run):
         (["--variant", "favor-nope"], "Unknown position 'nope'"),
         (["--variant", "magic-rope"], "Unknown attention 'magic'"),
         (["--dataset", "no_such_dataset_xyz"], "mnist"),
-        (["--batch-size", "0"], "batch_size"),
-        (["--num-features", "0"], "num_features"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--num-features", "0"], "--num-features"),
         (["--hparams", "/no/such/file.json"], "cannot read --hparams"),
         (["--init-from", "/no/such/model.keras"], "cannot read --init-from"),
         (["--precision", "float8"], "Unknown precision"),

@@ -1,0 +1,112 @@
+"""Which setting of the cpu profile opens a softmax-Performer gap? The pilots' summary.
+
+    python -m performer_keras.benchmark --profile pilot-d16      # and pilot-d32: the runs
+    python -m performer_keras.pilots                              # results/cpu-pilots/README.md + pilots.json
+
+Each pilot (`benchmark_profiles.PILOTS`) trains softmax-absolute,
+favor-absolute and relu-absolute with 2 seeds. The pilots are judged on the
+validation split only (the best epoch's validation accuracy, the epoch
+best.keras keeps), never on the test split, so choosing the setting does not
+spend the test set. Per setting: each variant's mean validation accuracy,
+the paired gap softmax - kernel with its 95% interval, and the CPU hours a run
+took (sum of its epochs' seconds), so the gap per CPU hour can be compared.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from performer_keras import atomic
+from performer_keras.cli import OneLineParser
+from performer_keras.aggregate import BASELINE, paired_difference, seed_folders, summarize
+from performer_keras.checkpoints import read_history as history_rows
+
+PILOT_ROOT = "cpu-pilots"
+
+
+def run_summary(folder):
+    """(best validation accuracy, training hours) of one run folder, or None while unfinished."""
+    if not (folder / "metrics.json").is_file():
+        return None
+    rows = history_rows(folder / "history.csv")
+    return max(float(row["val_accuracy"]) for row in rows), sum(float(row["epoch_seconds"]) for row in rows) / 3600
+
+
+def summarize_pilot(root, setting):
+    """One pilot setting: {"setting", "config", "variants": {variant: {...}}, "gaps": {variant: paired}}."""
+    cells = sorted((Path(root) / setting / "runs").glob("*/*"))
+    variants, config = {}, None
+    for cell in cells:
+        runs = {seed: run_summary(folder) for seed, folder in seed_folders(cell).items()}
+        runs = {seed: value for seed, value in runs.items() if value is not None}
+        if not runs:
+            continue
+        if config is None:
+            config = json.loads((cell / f"seed{min(runs)}" / "config.json").read_text())
+        variants[cell.name] = {
+            "dataset": cell.parent.name,
+            "val_accuracy": summarize([v[0] for v in runs.values()]),
+            "per_seed": {str(seed): v[0] for seed, v in runs.items()},
+            "hours_per_run": summarize([v[1] for v in runs.values()])["mean"],
+        }
+    gaps = {}
+    softmax = variants.get(BASELINE)
+    for variant, values in variants.items():
+        if softmax is None or variant == BASELINE:
+            continue
+        kernel = {int(s): v for s, v in values["per_seed"].items()}
+        gap = paired_difference({int(s): v for s, v in softmax["per_seed"].items()}, kernel)
+        if gap:
+            hours = sum(v["hours_per_run"] for v in (values, softmax))
+            gaps[variant] = {**gap, "gap_per_cpu_hour": gap["mean"] / hours}
+    shared = {k: v for k, v in (config or {}).items() if k not in ("variant", "seed")}
+    return {"setting": setting, "config": shared, "variants": variants, "gaps": gaps}
+
+
+def render(summaries):
+    lines = [
+        "# Pilots of the `cpu` profile: where is the softmax-Performer gap?", "",
+        "Judged on the validation split only (best epoch's validation accuracy, percent); the gap is softmax-absolute "
+        "minus the kernel, paired over seeds, in percentage points with its 95% Student-t interval; hours are the "
+        "training time of one run on this 2-core CPU (TensorFlow), and gap per CPU hour divides the gap by the hours "
+        "of the softmax run plus the kernel's run. Made by `python -m performer_keras.pilots` from the run folders "
+        "below it; the runs by `python -m performer_keras.benchmark --profile pilot-<setting>` (one per setting).", "",
+        "| setting | settings that differ | variant | val. accuracy % (seeds) | gap to softmax, points [95% CI] | hours/run | gap per CPU hour |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    base = summaries[0]["config"] if summaries else {}
+    for summary in summaries:
+        differs = ", ".join(f"{k}={v}" for k, v in summary["config"].items() if base.get(k) != v) or "(the first)"
+        for variant, values in summary["variants"].items():
+            acc = values["val_accuracy"]
+            gap = summary["gaps"].get(variant)
+            ci = "" if not gap or gap["ci95"] is None else f" [{100 * gap['ci95'][0]:.2f}, {100 * gap['ci95'][1]:.2f}]"
+            gap_text = "–" if not gap else f"{100 * gap['mean']:+.2f}{ci}"
+            per_hour = "–" if not gap else f"{100 * gap['gap_per_cpu_hour']:+.2f}"
+            lines.append(
+                f"| {summary['setting']} | {differs} | {variant} | {100 * acc['mean']:.2f} ({acc['n']}) | "
+                f"{gap_text} | {values['hours_per_run']:.3f} | {per_hour} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = OneLineParser(prog="pilots", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results-dir", default="results", help="parent of results/cpu-pilots/ (default results)")
+    args = parser.parse_args(argv)
+    from performer_keras.benchmark_profiles import PILOTS
+
+    root = Path(args.results_dir) / PILOT_ROOT
+    summaries = [summarize_pilot(root, setting) for setting in PILOTS if (root / setting).is_dir()]
+    if not summaries:
+        print(f"pilots: error: no pilot runs under {root}", file=sys.stderr)
+        return 2
+    atomic.write_json(root / "pilots.json", summaries, indent=1, sort_keys=False)
+    atomic.write_text(root / "README.md", render(summaries))
+    print(f"pilots: {root / 'README.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Bad input to each of the five tools: exit 2, exactly one line on stderr, no traceback, nothing written.
+
+Every case runs the tool's `main(argv)` in this process inside a folder whose
+every file is checksummed before and after: a refused command must leave the
+folder exactly as it was (no run folder, no config.json, no changed file).
+"""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import evaluate
+import train
+from performer_keras import benchmark
+from profiles import __main__ as profiles_main
+from tuning import __main__ as tuning_main
+
+TINY = ["--size", "tiny", "--limit", "300", "--batch-size", "32", "--epochs", "1"]
+
+
+def files(tmp):
+    (tmp / "a_file.txt").write_text("not a folder\n")
+    (tmp / "lr_string.json").write_text(json.dumps({"learning_rate": "0.001"}))
+    (tmp / "wd_string.json").write_text(json.dumps({"weight_decay": "abc"}))
+    (tmp / "broken.json").write_text("{")
+    run = tmp / "corrupt_run"
+    run.mkdir()
+    (run / "config.json").write_text("{")
+    (run / "best.keras").write_bytes(b"")
+    (tmp / "bogus.keras").write_bytes(b"not a zip")
+
+
+CASES = {
+    # train.py: argparse types, ranges, finiteness, combinations, files.
+    "train --epochs 1.5": (train.main, [*TINY, "--epochs", "1.5"], "--epochs"),
+    "train --epochs 0": (train.main, [*TINY, "--epochs", "0"], "--epochs"),
+    "train --batch-size -3": (train.main, [*TINY, "--batch-size", "-3"], "--batch-size"),
+    "train --seed -1": (train.main, [*TINY, "--seed", "-1"], "--seed"),
+    "train --learning-rate inf": (train.main, [*TINY, "--learning-rate", "inf"], "learning_rate"),
+    "train --learning-rate nan": (train.main, [*TINY, "--learning-rate", "nan"], "learning_rate"),
+    "train --learning-rate 0": (train.main, [*TINY, "--learning-rate", "0"], "learning_rate"),
+    "train --learning-rate abc": (train.main, [*TINY, "--learning-rate", "abc"], "--learning-rate"),
+    "train --weight-decay -0.1": (train.main, [*TINY, "--weight-decay", "-0.1"], "weight_decay"),
+    "train linformer-kerple": (train.main, [*TINY, "--variant", "linformer-kerple"], "linformer-kerple"),
+    "train unknown position": (train.main, [*TINY, "--variant", "favor-nope"], "Unknown position"),
+    "train unknown kernel": (train.main, [*TINY, "--variant", "magic-rope"], "Unknown attention"),
+    "train --width 15": (train.main, [*TINY, "--size", "small", "--width", "15"], "divisible"),
+    "train --patch-size 5": (train.main, [*TINY, "--patch-size", "5"], "patch_size 5"),
+    "train batch above data": (train.main, [*TINY, "--batch-size", "100000"], "exceeds"),
+    "train hparams lr string": (train.main, [*TINY, "--hparams", "{tmp}/lr_string.json"], "learning_rate"),
+    "train hparams wd string": (train.main, [*TINY, "--hparams", "{tmp}/wd_string.json"], "weight_decay"),
+    "train hparams missing": (train.main, [*TINY, "--hparams", "{tmp}/missing.json"], "cannot read --hparams"),
+    "train hparams not json": (train.main, [*TINY, "--hparams", "{tmp}/broken.json"], "cannot read --hparams"),
+    "train --out a file": (train.main, [*TINY, "--out", "{tmp}/a_file.txt"], "is a file"),
+    "train --export a file": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/a_file.txt"], "is a file"),
+    "train --init-from missing": (train.main, [*TINY, "--init-from", "{tmp}/none.keras"], "cannot read --init-from"),
+    "train --init-from not a model": (train.main, [*TINY, "--init-from", "{tmp}/bogus.keras"], "cannot read --init-from"),
+    "train --precision float8": (train.main, [*TINY, "--precision", "float8"], "Unknown precision"),
+    "train --limit 0": (train.main, [*TINY, "--limit", "0"], "--limit"),
+    "train --limit abc": (train.main, [*TINY, "--limit", "abc"], "--limit"),
+    "train --num-features 0": (train.main, [*TINY, "--num-features", "0"], "--num-features"),
+    "train --redraw-interval -1": (train.main, [*TINY, "--redraw-interval", "-1"], "--redraw-interval"),
+    "train --size huge": (train.main, [*TINY, "--size", "huge"], "Unknown size"),
+    "train variant twice": (train.main, [*TINY, "--variant", "favor-rope", "--attention", "relu"], "not both"),
+    "train unknown flag": (train.main, [*TINY, "--no-such-flag"], "unrecognized arguments"),
+    "train unknown dataset": (train.main, [*TINY, "--dataset", "no_such_dataset_xyz"], "mnist"),
+    # evaluate.py
+    "evaluate missing path": (evaluate.main, ["{tmp}/missing"], "does not exist"),
+    "evaluate a text file": (evaluate.main, ["{tmp}/a_file.txt"], "evaluate.py: error"),
+    "evaluate corrupt config": (evaluate.main, ["{tmp}/corrupt_run"], "not valid JSON"),
+    "evaluate --limit 0": (evaluate.main, ["{tmp}/corrupt_run", "--limit", "0"], "--limit"),
+    "evaluate --batch-size x": (evaluate.main, ["{tmp}/corrupt_run", "--batch-size", "x"], "--batch-size"),
+    "evaluate bogus .keras": (evaluate.main, ["{tmp}/bogus.keras", "--dataset", "mnist"], "evaluate.py: error"),
+    # the benchmark
+    "benchmark --profile huge": (benchmark.main, ["--profile", "huge", "--results-dir", "{tmp}/results"], "huge"),
+    "benchmark --epochs 0": (benchmark.main, ["--profile", "tiny", "--epochs", "0", "--results-dir", "{tmp}/r"], "--epochs"),
+    "benchmark --max-runs -1": (benchmark.main, ["--profile", "tiny", "--max-runs", "-1", "--results-dir", "{tmp}/r"], "--max-runs"),
+    "benchmark --seeds x": (benchmark.main, ["--profile", "tiny", "--seeds", "x", "--results-dir", "{tmp}/r"], "--seeds"),
+    "benchmark --experiments nope": (benchmark.main, ["--profile", "tiny", "--experiments", "nope", "--results-dir", "{tmp}/r"], "experiment"),
+    "benchmark --results-dir a file": (benchmark.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt"], "is a file"),
+    "benchmark other backend": (benchmark.main, ["--profile", "small", "--results-dir", "{tmp}/r"], "backend"),
+    # tuning
+    "tuning unknown variant": (tuning_main.main, ["favor-nope", "--out", "{tmp}/t"], "Unknown position"),
+    "tuning --algorithm magic": (tuning_main.main, ["favor-rope", "--algorithm", "magic", "--out", "{tmp}/t"], "algorithm"),
+    "tuning --space bad": (tuning_main.main, ["favor-rope", "--space", "learning_rate=abc", "--out", "{tmp}/t"], "learning_rate"),
+    "tuning no variant": (tuning_main.main, ["--out", "{tmp}/t"], "VARIANT"),
+    # profiles
+    "profiles --size huge": (profiles_main.main, ["--size", "huge", "--out", "{tmp}/p", "--skip-scaling"], "huge"),
+    "profiles unknown variant": (profiles_main.main, ["favor-nope", "--out", "{tmp}/p"], "Unknown position"),
+    "profiles --steps 0": (profiles_main.main, ["--steps", "0", "--out", "{tmp}/p"], "--steps"),
+}
+
+
+def checksums(folder):
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_the_table_covers_all_five_tools_with_40_or_more_inputs():
+    tools = {main for main, _, _ in CASES.values()}
+    assert len(CASES) >= 40 and len(tools) == 5
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_refused_in_one_line_and_writes_nothing(case, tmp_path, capsys, monkeypatch):
+    main, argv, expected = CASES[case]
+    files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    before = checksums(tmp_path)
+    capsys.readouterr()
+    try:
+        code = main([arg.replace("{tmp}", str(tmp_path)) for arg in argv])
+    except SystemExit as exit:  # argparse's own exit
+        code = exit.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert expected in lines[0], lines[0]
+    assert checksums(tmp_path) == before, f"{case} changed {os.listdir(tmp_path)}"
