@@ -64,7 +64,23 @@ def summarize_pilot(root, setting):
     return {"setting": setting, "config": shared, "variants": variants, "gaps": gaps}
 
 
-def render(summaries):
+def single_runs(root, settings):
+    """Runs under `root` outside the pilot settings (train.py runs of one recipe), as table rows."""
+    rows = []
+    for metrics in sorted(Path(root).rglob("metrics.json")):
+        folder = metrics.parent
+        if folder.relative_to(root).parts[0] in settings:
+            continue
+        config = json.loads((folder / "config.json").read_text())
+        accuracy, hours = run_summary(folder)
+        rows.append({"folder": str(folder.relative_to(root)), "config": config, "val_accuracy": accuracy, "hours": hours})
+    return rows
+
+
+RECIPE_KEYS = ("dataset", "variant", "size", "width", "depth", "heads", "num_features", "batch_size", "learning_rate", "epochs")
+
+
+def render(summaries, singles=()):
     lines = [
         "# Pilots of the `cpu` profile: where is the softmax-Performer gap?", "",
         "Judged on the validation split only (best epoch's validation accuracy, percent); the gap is softmax-absolute "
@@ -88,6 +104,14 @@ def render(summaries):
                 f"| {summary['setting']} | {differs} | {variant} | {100 * acc['mean']:.2f} ({acc['n']}) | "
                 f"{gap_text} | {values['hours_per_run']:.3f} | {per_hour} |"
             )
+    if singles:
+        lines += ["", "## Single runs of a recipe", "",
+                  "Made with `python train.py` and the settings shown (`--limit all`, full data), into the folder shown; "
+                  "judged on the best epoch's validation accuracy.", "",
+                  "| folder | settings | val. accuracy % | hours |", "|---|---|---|---|"]
+        for row in singles:
+            settings = ", ".join(f"{k}={row['config'][k]}" for k in RECIPE_KEYS if row["config"].get(k) is not None)
+            lines.append(f"| {row['folder']} | {settings} | {100 * row['val_accuracy']:.2f} | {row['hours']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -102,8 +126,9 @@ def main(argv=None):
     if not summaries:
         print(f"pilots: error: no pilot runs under {root}", file=sys.stderr)
         return 2
-    atomic.write_json(root / "pilots.json", summaries, indent=1, sort_keys=False)
-    atomic.write_text(root / "README.md", render(summaries))
+    singles = single_runs(root, PILOTS)
+    atomic.write_json(root / "pilots.json", {"pilots": summaries, "single_runs": singles}, indent=1, sort_keys=False)
+    atomic.write_text(root / "README.md", render(summaries, singles))
     print(f"pilots: {root / 'README.md'}")
     return 0
 

@@ -343,3 +343,26 @@ def test_killed_benchmark_resumes_and_aggregates(tmp_path, capsys):
     for name in ("pareto_mnist.png", "curves_mnist.png", "saliency_mnist.png"):
         assert (root / name).stat().st_size > 1000, name
     assert "tf-keras-vis SmoothGrad" in readme or "plain input gradient" in readme
+
+
+def test_pilot_summary_by_hand(tmp_path):
+    from performer_keras import pilots
+
+    # Setting d16, seeds 0 and 1: best validation accuracy per run, 2 epochs of 900 s = 0.5 h each.
+    best = {"softmax-absolute": (0.60, 0.62), "favor-absolute": (0.57, 0.60), "relu-absolute": (0.55, 0.56)}
+    for variant, values in best.items():
+        for seed, value in enumerate(values):
+            folder = tmp_path / "cpu-pilots" / "d16" / "runs" / "cifar10" / variant / f"seed{seed}"
+            folder.mkdir(parents=True)
+            (folder / "config.json").write_text(json.dumps({"variant": variant, "seed": seed, "heads": 4}))
+            (folder / "metrics.json").write_text("{}")
+            (folder / "history.csv").write_text(
+                f"epoch,epoch_seconds,val_accuracy\n0,900,{value - 0.1}\n1,900,{value}\n")
+    assert pilots.main(["--results-dir", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "cpu-pilots" / "pilots.json").read_text())["pilots"][0]
+    # favor: softmax - favor = 0.03, 0.02 -> mean 0.025; per CPU hour of both runs (1 h): 0.025.
+    favor = summary["gaps"]["favor-absolute"]
+    assert favor["mean"] == pytest.approx(0.025) and favor["gap_per_cpu_hour"] == pytest.approx(0.025)
+    assert summary["gaps"]["relu-absolute"]["mean"] == pytest.approx(0.055)
+    assert summary["variants"]["softmax-absolute"]["hours_per_run"] == pytest.approx(0.5)
+    assert "| d16 | (the first) | relu-absolute | 55.50 (2) | +5.50" in (tmp_path / "cpu-pilots" / "README.md").read_text()
