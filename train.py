@@ -24,7 +24,8 @@ def add_run_arguments(parser):
     parser.add_argument("--variant", help="kernel-position, e.g. favor-rope (see --list-variants)")
     parser.add_argument("--attention", help="softmax, favor, relu, exp or linformer")
     parser.add_argument("--position", help="absolute, rope, string or kerple")
-    parser.add_argument("--dataset", help="mnist or cifar10 (bundled), or any tensorflow-datasets image dataset")
+    parser.add_argument("--dataset", help="mnist or cifar10 (bundled), a .npz in the keras.datasets layout, "
+                                          "or any tensorflow-datasets image dataset")
     parser.add_argument(
         "--limit", type=limit_arg,
         help="use only the first N examples of each split (smoke runs); 'all' lifts a limit set by --hparams",
@@ -42,6 +43,7 @@ def add_run_arguments(parser):
     parser.add_argument("--absolute-position", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--linformer-dim", type=positive_int)
     parser.add_argument("--precision", help="float32, mixed_bfloat16 or mixed_float16")
+    parser.add_argument("--augment", help="none, rotate or crop_flip (default: rotate for grayscale, crop_flip for colour)")
 
 
 def limit_arg(text):

@@ -242,6 +242,7 @@ def report_header(profile, results_dir):
     """What aggregate.json says about the profile besides the runs."""
     return dict(profile=profile.name, doc=profile.doc, commands=commands(profile, results_dir),
                 settings=profile.settings, epochs=profile.epochs, seeds=list(profile.seeds),
+                pipeline_check=profile.pipeline_check,
                 ablation_seeds=list(profile.ablation_seeds or profile.seeds))
 
 

@@ -43,6 +43,8 @@ class Profile:
             stay comparable).
         deferred: rows of `variants` queued after every other main-table row
             of every dataset (rows whose cost is about to fall).
+        pipeline_check: a check that the pipeline works, not an answer: the
+            top-level README names it in one line instead of showing its table.
         backend: the Keras backend the runs must be made with (None: any);
             mixing backends in one table would mix their timings.
         num_features: {"variants": ..., "values": ..., "datasets": ...} of
@@ -69,6 +71,7 @@ class Profile:
     hparams_dir: str | None = None
     dataset_settings: dict = dataclasses.field(default_factory=dict)
     deferred: tuple = ()
+    pipeline_check: bool = False
 
     def __post_init__(self):
         fields = set(self.settings).union(*self.dataset_settings.values())
@@ -205,6 +208,7 @@ def small():
         ablation_seeds=(0, 1, 2),
         epochs={"mnist": 4, "cifar10": 4},
         settings=dict(size="small", num_features=16, batch_size=64, limit=2500, limit_test=False),
+        pipeline_check=True,
     )
 
 
@@ -306,6 +310,7 @@ def tiny():
         seeds=(0, 1),
         epochs={"mnist": 1},
         settings=dict(size="tiny", num_features=8, batch_size=32, limit=300, limit_test=False),
+        pipeline_check=True,
     )
 
 

@@ -35,11 +35,10 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from performer_keras.options import check_choice, check_positive
+from performer_keras.options import AUGMENTATIONS, check_choice, check_positive
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 BUNDLED = ("mnist", "cifar10")
-AUGMENTATIONS = ("none", "rotate", "crop_flip")
 
 _FILES = {"mnist": "mnist.npz", "cifar10": "cifar10_jpeg.npz"}
 # From data/README.md; a file whose digest differs is not the published data.
@@ -145,20 +144,26 @@ def load_dataset(
         check_positive("limit", limit)
     if name in BUNDLED:
         arrays = _read_bundled(name, Path(data_dir))
+    elif str(name).endswith(".npz"):
+        arrays = _read_npz(Path(name))
     else:
         arrays = _read_tfds(name)
     return _make_splits(name, *arrays, limit, validation_size, split_seed, limit_test)
 
 
-def augmentation_for(dataset_name: str) -> str:
+def augmentation_for(dataset_name: str, channels: int | None = None) -> str:
     """The default augmentation of a dataset: ``"rotate"`` or ``"crop_flip"``.
 
     Digits must not be mirrored (a flipped 2 is no digit), so MNIST-like
     datasets (fashion_mnist, kmnist, emnist ...) and SVHN get small rotations;
     natural RGB images such as CIFAR-10/100 get the usual pad-4 random crop and
-    horizontal flip. ``"none"`` is always accepted by `train_pipeline`.
+    horizontal flip. A user's own ``.npz`` is judged by its images:
+    grayscale (``channels`` 1) rotates, colour crops and flips. ``"none"`` is
+    always accepted by `train_pipeline`; ``--augment`` overrides the choice.
     """
     name = dataset_name.lower()
+    if name.endswith(".npz") and channels is not None:
+        return "rotate" if channels == 1 else "crop_flip"
     if "mnist" in name or name.startswith("svhn"):
         return "rotate"
     return "crop_flip"
@@ -406,6 +411,48 @@ def _write_cache(path, images):
         warnings.warn(
             f"Could not cache decoded images at {path} ({err}); they will be decoded again"
         )
+
+
+def _read_npz(path):
+    """Raw arrays of a user's ``.npz`` in the ``keras.datasets`` layout, like `_read_bundled`.
+
+    ``x_train``/``x_test``: uint8 images, (N, H, W) grayscale or (N, H, W, C)
+    with C 1 or 3, of one size; ``y_train``/``y_test``: integer labels from 0,
+    one per image; ``label_names`` optional, one per class. Anything else is a
+    DataError naming the file and what is wrong.
+    """
+    def bad(reason):
+        return DataError(f"{path}: {reason} (expected the keras.datasets layout: x_train, y_train, x_test, y_test, "
+                         "optional label_names)")
+
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise bad(f"not a readable .npz ({type(err).__name__}: {err})") from None
+    with archive:
+        missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in archive.files]
+        if missing:
+            raise bad(f"no {', '.join(missing)}")
+        arrays = {k: archive[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+        names = archive["label_names"] if "label_names" in archive.files else None
+    for split in ("train", "test"):
+        images, labels = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if images.dtype != np.uint8 or images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] not in (1, 3)):
+            raise bad(f"x_{split} must hold uint8 images (N, H, W) or (N, H, W, 1 or 3), got {images.dtype} {images.shape}")
+        if images.ndim == 3:
+            arrays[f"x_{split}"] = images[..., None]
+        if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or len(labels) != len(images):
+            raise bad(f"y_{split} must hold one integer label per image: {labels.dtype} {labels.shape} "
+                      f"for {len(images)} images")
+        if len(labels) == 0 or labels.min() < 0:
+            raise bad(f"y_{split} is empty or has negative labels")
+    if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
+        raise bad(f"train images are {arrays['x_train'].shape[1:]} and test images {arrays['x_test'].shape[1:]}")
+    num_classes = int(max(arrays["y_train"].max(), arrays["y_test"].max())) + 1
+    if names is not None and len(names) < num_classes:
+        raise bad(f"{len(names)} label_names for labels up to {num_classes - 1}")
+    label_names = tuple(str(n) for n in names) if names is not None else tuple(str(c) for c in range(num_classes))
+    return arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], label_names
 
 
 def _read_tfds(name):

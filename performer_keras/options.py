@@ -5,6 +5,7 @@ import argparse
 KERNELS = ("softmax", "favor", "relu", "exp", "linformer")
 POSITIONS = ("absolute", "rope", "string", "kerple")
 ROTATION_ORDERS = ("before", "after")
+AUGMENTATIONS = ("none", "rotate", "crop_flip")
 
 
 def check_choice(argument, value, choices):

@@ -626,6 +626,10 @@ def render_readme_section(reports):
             seeds = f"{seeds}; extra rows and ablations {', '.join(map(str, ablation_seeds))}"
         summary = (f"Profile `{aggregated['profile']}` ({settings}; epochs {epochs}; seeds {seeds}): "
                    f"{runs['finished']} of {runs['planned']} runs finished ({'; '.join(progress_parts(aggregated))}).")
+        if aggregated.get("pipeline_check") and runs["finished"]:
+            lines += [f"{summary} A pipeline check, not an answer: [its report]({report_path}) has the table and "
+                      "what it can and cannot say.", ""]
+            continue
         if not runs["finished"]:
             lines += [f"{summary} Nothing has run yet; [its report]({report_path}) lists every missing run. "
                       f"Run it with `{commands['benchmark']}`.", ""]
@@ -655,9 +659,8 @@ def write_readme_section(results_dir):
         for path in results_dir.glob("*/aggregate.json")
     ]
     order = list(PROFILES)
-    # Profiles with results first, then in the order of benchmark_profiles.
-    reports.sort(key=lambda r: (not r[0]["runs"]["finished"], order.index(r[0]["profile"]) if r[0]["profile"] in order
-                                else len(order), r[0]["profile"]))
+    # In the order of benchmark_profiles, the answer (cpu) first.
+    reports.sort(key=lambda r: (order.index(r[0]["profile"]) if r[0]["profile"] in order else len(order), r[0]["profile"]))
     path = results_dir / "README_SECTION.md"
     atomic.write_text(path, render_readme_section(reports))
     return path

@@ -3,10 +3,12 @@
 import dataclasses
 import json
 
-from performer_keras.options import check_choice, check_finite, check_non_negative, check_positive
+from performer_keras.options import AUGMENTATIONS, check_choice, check_finite, check_non_negative, check_positive
 from performer_keras.registry import SIZES, list_variants, model_config, parse_variant
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+# Fields added after runs were committed, with their defaults.
+LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None}
 
 
 class RunError(ValueError):
@@ -50,12 +52,15 @@ class RunConfig:
     precision: str = "float32"
     init_from: str | None = None
     init_from_partial: bool = False
+    augment: str | None = None
 
     def __post_init__(self):
         try:
             parse_variant(self.variant)
             check_choice("size", self.size, tuple(SIZES))
             check_choice("precision", self.precision, PRECISIONS)
+            if self.augment is not None:
+                check_choice("augment", self.augment, AUGMENTATIONS)
             for name in ("epochs", "batch_size", "num_features", "linformer_dim"):
                 check_positive(name, getattr(self, name))
             for name in ("width", "depth", "heads", "mlp_dim", "patch_size", "limit"):
@@ -107,10 +112,10 @@ class RunConfig:
         return dict(size=self.size, **{k: v for k, v in sizes.items() if v is not None}, **kernel)
 
     def to_dict(self):
-        """Every field; `limit_test` and `init_from_partial` only when not the default, so run folders
+        """Every field; those of `LATER_FIELDS` only when not their default, so run folders
         written before they existed still match."""
         values = dataclasses.asdict(self)
-        for name, default in (("limit_test", True), ("init_from_partial", False)):
+        for name, default in LATER_FIELDS.items():
             if values[name] == default:
                 del values[name]
         return values

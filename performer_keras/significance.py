@@ -27,7 +27,7 @@ import numpy as np
 from scipy import optimize, stats
 
 CONFIDENCE = 0.95
-ALPHA = 1 - CONFIDENCE
+ALPHA = 0.05
 POWER = 0.8
 
 

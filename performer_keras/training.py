@@ -265,7 +265,7 @@ def _fit(config, splits, source, out_dir, verbose):
     model, start_epoch = checkpoints.restore(build_model, backup_dir, log=lambda line: print(line, file=sys.stderr))
     best_so_far = checkpoints.cut_history(out_dir / "history.csv", start_epoch)
     record_provenance(out_dir, start_epoch)
-    augment = data.augmentation_for(config.dataset)
+    augment = config.augment or data.augmentation_for(config.dataset, splits.image_shape[-1])
     train_ds = data.train_pipeline(x_train, y_train, config.batch_size, config.seed, augment, start_epoch, config.epochs)
     val_ds = data.eval_pipeline(x_val, y_val, config.batch_size)
 

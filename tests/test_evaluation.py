@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 # test fails if the implementation drifts from it.
 CONTRACT_KEYS = {
     "variant", "attention", "position", "dataset", "seed", "test_accuracy", "macro_precision",
-    "macro_recall", "macro_f1", "per_class", "confusion_matrix", "log_likelihood", "aic", "bic",
+    "macro_recall", "macro_f1", "per_class", "confusion_matrix", "test_examples", "log_likelihood",
+    "nll_per_image", "expected_calibration_error", "aic", "bic",
     "params", "flops_per_image", "train_seconds_per_epoch", "epochs_to_90", "epochs_to_95",
     "epochs_to_99", "latency_ms_batch1", "latency_ms_batch256", "device", "backend",
 }
