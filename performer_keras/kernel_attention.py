@@ -91,7 +91,9 @@ class KernelAttention(keras.layers.Layer):
     Call arguments:
         inputs: (batch, N, width).
         training: enables feature redraws.
-        positions: optional (H*W, 2) patch coordinates (default: the grid).
+        positions: optional (H*W, 2) patch coordinates of the rotations
+            (rope, string; default: the grid). Any other position rejects it
+            (ValueError): kerple's bias is defined on the grid's offsets.
 
     Returns: (batch, N, width).
     """
@@ -225,6 +227,11 @@ class KernelAttention(keras.layers.Layer):
         return ops.concatenate([x[:, :, :p], self.rotation(x[:, :, p:], positions)], axis=2)
 
     def call(self, inputs, training=None, positions=None):
+        if positions is not None and self.position not in ROTATIONS:
+            # The Toeplitz bias is a table indexed by the fixed grid's offsets; silently
+            # ignoring other coordinates would make a caller believe they were used.
+            raise ValueError(f"positions are used by the rotations {ROTATIONS} only; position {self.position!r} "
+                             f"always uses the {self.grid_size} grid")
         positions = self.patch_positions if positions is None else positions
         q, k, v = (split_heads(layer(inputs), self.num_heads) for layer in (self.query, self.key, self.value))
         if self.normalizes:

@@ -286,6 +286,13 @@ def test_explicit_positions_argument_matches_reference(kernel, position):
     check_against_reference(kernel, position, rope_mixed=True, positions=positions)
 
 
+@pytest.mark.parametrize("kernel, position", [("softmax", "kerple"), ("favor", "kerple"), ("relu", "absolute")])
+def test_positions_argument_is_refused_where_it_cannot_be_used(kernel, position):
+    layer = build_with_random_parameters(kernel=kernel, position=position)
+    with pytest.raises(ValueError, match="positions are used by the rotations"):
+        layer(inputs(), positions=grid_positions(GRID)[::-1].astype("float32"))
+
+
 @pytest.mark.parametrize("position", ["absolute", "kerple", "rope"])
 def test_fused_softmax_matches_explicit(position):
     explicit = build_with_random_parameters(kernel="softmax", position=position, rope_mixed=True)
