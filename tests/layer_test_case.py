@@ -23,6 +23,13 @@ from keras import ops
 MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16")
 
 
+def to_numpy(tensor):
+    """float64 numpy copy of a tensor or a variable (read through `.value`)."""
+    if isinstance(tensor, keras.Variable):
+        tensor = tensor.value
+    return np.asarray(ops.convert_to_numpy(tensor), dtype="float64")
+
+
 def _as_tuple(x):
     return tuple(x) if isinstance(x, (list, tuple)) else (x,)
 
@@ -127,6 +134,22 @@ def run_layer_test(
     symbolic_layer = layer_cls.from_config(config)
     symbolic_outputs = symbolic_layer(*symbolic_inputs, **call_kwargs)
     _assert_shapes(symbolic_outputs, expected, "symbolic call")
+    # Same dtypes as the eager call (feature maps return float32 by design, so
+    # this is checked, not assumed), and compute_output_shape agrees with both.
+    for eager, symbolic in zip(_as_tuple(outputs), _as_tuple(symbolic_outputs)):
+        assert keras.backend.standardize_dtype(symbolic.dtype) == keras.backend.standardize_dtype(eager.dtype), (
+            f"symbolic output dtype {symbolic.dtype}, eager {eager.dtype}")
+    if type(layer).compute_output_shape is not keras.layers.Layer.compute_output_shape:
+        computed = layer.compute_output_shape(*(x.shape for x in inputs))
+        shapes = (computed,) if _is_shape(computed) else tuple(computed)
+        for shape, eager in zip(shapes, _as_tuple(outputs)):
+            assert tuple(shape) == tuple(eager.shape), f"compute_output_shape {tuple(shape)}, eager {tuple(eager.shape)}"
+    # With the eager layer's weights, the symbolic graph computes the same values.
+    symbolic_layer.set_weights(layer.get_weights())
+    graph = keras.Model(symbolic_inputs, list(_as_tuple(symbolic_outputs)))
+    for from_graph, eager in zip(_as_tuple(graph(list(inputs))), _as_tuple(outputs)):
+        np.testing.assert_allclose(to_numpy(from_graph), to_numpy(eager), rtol=1e-5, atol=1e-5,
+                                   err_msg="symbolic graph and eager call differ")
 
     if run_training:
         # === One compiled fit step of a tiny model around the layer. ===

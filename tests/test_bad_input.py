@@ -8,7 +8,6 @@ folder exactly as it was (no run folder, no config.json, no changed file).
 import hashlib
 import json
 import os
-from pathlib import Path
 
 import pytest
 

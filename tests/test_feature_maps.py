@@ -3,21 +3,15 @@
 import numpy as np
 import pytest
 import keras
-from keras import ops
 
 from performer_keras import ExpFeatures, FavorFeatures, KernelAttention, ReluFeatures
 from performer_keras.random_features import draw_projection
 
-from layer_test_case import run_layer_test
+from layer_test_case import run_layer_test, to_numpy
 
 D = 16  # head dimension of the statistical tests
 
 
-def to_numpy(tensor):
-    """float64 numpy copy of a tensor or a variable (read through `.value`)."""
-    if isinstance(tensor, keras.Variable):
-        tensor = tensor.value
-    return np.asarray(ops.convert_to_numpy(tensor), dtype="float64")
 
 
 # === The shared layer contract. ===

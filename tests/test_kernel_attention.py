@@ -11,13 +11,11 @@ float64, so a 1e-4 agreement is the float32 error of the layer alone.
 import numpy as np
 import pytest
 import scipy.linalg
-import keras
-from keras import ops
 
 from performer_keras import KernelAttention, ToeplitzBias2D
 from performer_keras.grid import grid_positions
 
-from layer_test_case import run_layer_test
+from layer_test_case import run_layer_test, to_numpy
 
 GRID = (7, 7)
 HEADS, WIDTH, BATCH = 2, 16, 2
@@ -29,11 +27,6 @@ LINEAR_KERNELS = ("favor", "relu", "exp")
 DEFAULT_ORDER = {"softmax": "before", "linformer": "before", "favor": "before", "exp": "before", "relu": "after"}
 
 
-def to_numpy(tensor):
-    """float64 numpy copy of a tensor or a variable (read through `.value`)."""
-    if isinstance(tensor, keras.Variable):
-        tensor = tensor.value
-    return np.asarray(ops.convert_to_numpy(tensor), dtype="float64")
 
 
 # === Reference: position encodings as dense matrices. ===

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import scipy.linalg
 import keras
-from keras import ops
 
 from performer_keras import (
     CirculantString,
@@ -22,7 +21,7 @@ from performer_keras import (
 from performer_keras.grid import grid_positions
 from performer_keras.random_features import draw_projection
 
-from layer_test_case import run_layer_test
+from layer_test_case import run_layer_test, to_numpy
 
 GRID = (7, 7)
 PATCHES = GRID[0] * GRID[1]
@@ -30,11 +29,6 @@ HEADS, HEAD_DIM = 2, 8
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def to_numpy(tensor):
-    """float64 numpy copy of a tensor or a variable (read through `.value`)."""
-    if isinstance(tensor, keras.Variable):
-        tensor = tensor.value
-    return np.asarray(ops.convert_to_numpy(tensor), dtype="float64")
 
 
 def randomize(variable, scale, rng):
