@@ -185,6 +185,7 @@ def train(config, out_dir, verbose="auto", export_dir=None):
         return read_json(out_dir / "metrics.json")
     if export_dir is not None:
         check_export_folder(export_dir)
+    splits = None
     if not training_finished(config, out_dir):
         # Everything that can refuse the run is checked before the folder is written.
         splits = data.load_dataset(config.dataset, limit=config.limit)
@@ -196,6 +197,8 @@ def train(config, out_dir, verbose="auto", export_dir=None):
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json(out_dir / "config.json", config.to_dict())
         _train_model(config, splits, source, out_dir, verbose)
+    if not (out_dir / "throughput.json").exists():
+        write_throughput(config, splits or data.load_dataset(config.dataset, limit=config.limit), out_dir)
     if export_dir is not None:
         from performer_keras.export import export_saved_model
 
@@ -265,7 +268,7 @@ def _fit(config, splits, source, out_dir, verbose):
     model, start_epoch = checkpoints.restore(build_model, backup_dir, log=lambda line: print(line, file=sys.stderr))
     best_so_far = checkpoints.cut_history(out_dir / "history.csv", start_epoch)
     record_provenance(out_dir, start_epoch)
-    augment = config.augment or data.augmentation_for(config.dataset, splits.image_shape[-1])
+    augment = augmentation(config, splits)
     train_ds = data.train_pipeline(x_train, y_train, config.batch_size, config.seed, augment, start_epoch, config.epochs)
     val_ds = data.eval_pipeline(x_val, y_val, config.batch_size)
 
@@ -281,7 +284,6 @@ def _fit(config, splits, source, out_dir, verbose):
         # Last, so an epoch counts as finished only once everything above is written.
         checkpoints.KillSafeBackup(backup_dir),
     ]
-    started = time.perf_counter()
     try:
         model.fit(
             train_ds, epochs=config.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,
@@ -295,12 +297,28 @@ def _fit(config, splits, source, out_dir, verbose):
             f"training diverged (NaN/Inf loss) in epoch {len(_history_rows(out_dir)) + 1}; "
             f"the last good checkpoint is kept in {out_dir / 'best.keras'} and the backup in {backup_dir}"
         ) from None
-    if start_epoch == 0:
-        elapsed = time.perf_counter() - started
-        write_json(out_dir / "throughput.json", {
-            "pipeline_images_per_second": data.pipeline_throughput(x_train, y_train, config.batch_size, augment, seed=config.seed),
-            "training_images_per_second": steps * config.batch_size * config.epochs / elapsed,
-        })
+
+
+def augmentation(config, splits):
+    """The run's training augmentation: `--augment`, else the dataset's default (`data.augmentation_for`)."""
+    return config.augment or data.augmentation_for(config.dataset, splits.image_shape[-1])
+
+
+def write_throughput(config, splits, out_dir):
+    """throughput.json: images/s of the input pipeline alone, and of training from the history.
+
+    Training images/s divides the images of every epoch by the sum of the
+    epochs' seconds (validation included), so a run resumed across sessions,
+    or killed while this file was written, gets it too.
+    """
+    x_train, y_train = splits.train
+    steps = data.steps_per_epoch(len(x_train), config.batch_size)
+    augment = augmentation(config, splits)
+    seconds = sum(float(row["epoch_seconds"]) for row in _history_rows(out_dir))
+    write_json(out_dir / "throughput.json", {
+        "pipeline_images_per_second": data.pipeline_throughput(x_train, y_train, config.batch_size, augment, seed=config.seed),
+        "training_images_per_second": steps * config.batch_size * config.epochs / seconds,
+    })
 
 
 def _history_rows(out_dir):

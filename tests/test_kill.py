@@ -80,6 +80,7 @@ def assert_same(out, uninterrupted):
     assert [epoch for epoch, _ in rows] == list(range(EPOCHS))
     assert [acc for _, acc in rows] == pytest.approx([acc for _, acc in uninterrupted[2]], abs=1e-6)
     assert not (out / "backup").exists()
+    assert json.loads((out / "throughput.json").read_text())["training_images_per_second"] > 0
 
 
 def test_there_are_at_least_20_moments():

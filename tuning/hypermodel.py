@@ -74,7 +74,7 @@ class VitHyperModel(keras_tuner.HyperModel):
         )
         train_ds = data.train_pipeline(
             x_train, y_train, config.batch_size, config.seed,
-            config.augment or data.augmentation_for(config.dataset, self.splits.image_shape[-1]), 0, config.epochs,
+            training.augmentation(config, self.splits), 0, config.epochs,
         )
         val_ds = data.eval_pipeline(x_val, y_val, config.batch_size)
         # A diverged trial stops and keeps the accuracy it had: a bad trial, not an error.
