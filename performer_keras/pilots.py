@@ -87,7 +87,8 @@ def render(summaries, singles=()):
         "minus the kernel, paired over seeds, in percentage points with its 95% Student-t interval; hours are the "
         "training time of one run on this 2-core CPU (TensorFlow), and gap per CPU hour divides the gap by the hours "
         "of the softmax run plus the kernel's run. Made by `python -m performer_keras.pilots` from the run folders "
-        "below it; the runs by `python -m performer_keras.benchmark --profile pilot-<setting>` (one per setting).", "",
+        "below it; the runs by `python -m performer_keras.benchmark --profile pilot-<setting>` (one per setting). "
+        "Which setting the `cpu` profile took, and why, is in its docstring (`performer_keras/benchmark_profiles.py`).", "",
         "| setting | settings that differ | variant | val. accuracy % (seeds) | gap to softmax, points [95% CI] | hours/run | gap per CPU hour |",
         "|---|---|---|---|---|---|---|",
     ]
