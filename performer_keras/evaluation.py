@@ -14,7 +14,6 @@ numpy and csv, so they are tested by hand on tiny examples. TensorFlow is
 allowed here: this is evaluation and export code, not a layer.
 """
 
-import csv
 import dataclasses
 import json
 import math
@@ -29,6 +28,7 @@ import keras
 import numpy as np
 
 from performer_keras import atomic
+from performer_keras.checkpoints import read_history
 from performer_keras.data import load_dataset
 from performer_keras.flops import BACKENDS, count_flops, count_saved_model_flops
 from performer_keras.kernel_attention import KernelAttention
@@ -176,7 +176,7 @@ def history_metrics(history_csv):
     result.update({_threshold_key(t): None for t in ACCURACY_THRESHOLDS})
     if history_csv is None:
         return result
-    rows = _history_rows(history_csv)
+    rows = read_history(history_csv)
     seconds = [float(row["epoch_seconds"]) for row in rows if row.get("epoch_seconds")]
     if seconds:
         result["train_seconds_per_epoch"] = statistics.median(seconds)
@@ -450,7 +450,7 @@ def evaluate(path, dataset=None, limit=None, batch_size=256, out=None):
     if kind == "run" and (path / "export" / "saved_model.pb").is_file():
         check_export(path / "export", images, labels, probabilities, batch_size, out)
     if kind == "run" and (path / "logs").is_dir():
-        log_test_metrics(path / "logs" / "test", metrics, step=len(_history_rows(path / "history.csv")))
+        log_test_metrics(path / "logs" / "test", metrics, step=len(read_history(path / "history.csv")))
     # Last: a run folder with metrics.json is finished, so everything else must be written by now.
     atomic.write_json(out / "metrics.json", metrics, sort_keys=False)
     return metrics
@@ -471,13 +471,6 @@ def log_test_metrics(log_dir, metrics, step):
     with tf.summary.create_file_writer(str(log_dir)).as_default():
         for key in TENSORBOARD_TEST_METRICS:
             tf.summary.scalar(key, metrics[key], step=step)
-
-
-def _history_rows(history_csv):
-    if not Path(history_csv).is_file():
-        return []
-    with open(history_csv, newline="") as file:
-        return list(csv.DictReader(file))
 
 
 def check_export(export_path, images, labels, probabilities, batch_size, out):
