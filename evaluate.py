@@ -5,38 +5,35 @@
     python evaluate.py export/ --dataset cifar10 --out eval/   # a SavedModel
 
 Writes metrics.json and confusion_matrix.png (into the run folder, --out, or
-beside the model); see `performer_keras.evaluation.evaluate`. Bad input (a
-missing path, an unknown dataset, something that is not a model) prints one
-line to stderr and exits with status 2, like an argparse usage error.
+beside the model); see `experiments.evaluation.evaluate`. The test data is the
+run's own (its config.json) unless --dataset or --limit says otherwise, and
+evaluating a finished run on other test data needs --out, so its results stay.
+Predictions go in batches of 256 (--batch-size). Bad input (a missing path, an
+unknown dataset, something that is not a model) prints one line to stderr and
+exits with status 2, like an argparse usage error.
 """
 
 import sys
 
+from experiments.cli import fail, parser
 
-def parse_args(argv=None):
-    from performer_keras.cli import OneLineParser
-    from performer_keras.options import positive_int
-
-    parser = OneLineParser(prog="evaluate.py", description=__doc__.splitlines()[0])
-    parser.add_argument("path", metavar="RUN_OR_MODEL", help="run folder, .keras file or SavedModel folder")
-    parser.add_argument("--dataset", help="test data (default: the run's config.json)")
-    parser.add_argument("--limit", type=positive_int, help="first N test examples (default: the run's)")
-    parser.add_argument("--batch-size", type=positive_int, default=256, help="prediction batch (default 256)")
-    parser.add_argument("--out", help="folder for metrics.json and confusion_matrix.png (required to evaluate a "
-                        "finished run on other test data than its own)")
-    return parser.parse_args(argv)
+PROG = "evaluate.py"
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    from performer_keras.data import DataError
-    from performer_keras.evaluation import EvaluationError, evaluate, format_table
+    cli = parser(PROG, __doc__, "dataset", "limit", "batch-size", "out")
+    cli.add_argument("path", metavar="RUN_OR_MODEL", help="run folder, .keras file or SavedModel folder")
+    args = cli.parse_args(argv)
+    # Evaluation loads Keras and the backend, so it is imported once the command line is known to be good.
+    from experiments.data import DataError
+    from experiments.evaluation import evaluate
+    from experiments.metrics import format_table
+    from experiments.models import EvaluationError
 
     try:
         metrics = evaluate(args.path, args.dataset, args.limit, args.batch_size, args.out)
-    except (EvaluationError, DataError) as err:
-        print(f"evaluate.py: error: {err}", file=sys.stderr)
-        return 2
+    except (EvaluationError, DataError) as error:
+        return fail(PROG, error)
     print(format_table(metrics))
     return 0
 

@@ -4,10 +4,11 @@ import keras
 from keras import ops
 
 from performer_keras.favor_features import positive_exp
+from performer_keras.feature_map import FeatureMap
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
-class ExpFeatures(keras.layers.Layer):
+class ExpFeatures(FeatureMap):
     """Deterministic exponential feature map (no random projection).
 
         x' = x d^(-1/4)
@@ -28,20 +29,17 @@ class ExpFeatures(keras.layers.Layer):
         super().__init__(**kwargs)
         self.epsilon = epsilon
 
-    def build(self, queries_shape, keys_shape=None):
-        self.feature_dim = int(queries_shape[-1])
+    def output_dim(self, input_dim):
+        return input_dim
 
     def call(self, queries, keys, training=None):
-        scale = self.feature_dim**-0.25
+        scale = self.dim**-0.25
 
         def features(x, is_query):
             x = ops.cast(x, "float32") * scale
             return positive_exp(x, 0.0, is_query, self.epsilon)
 
         return features(queries, True), features(keys, False)
-
-    def compute_output_shape(self, queries_shape, keys_shape=None):
-        return tuple(queries_shape), tuple(queries_shape if keys_shape is None else keys_shape)
 
     def get_config(self):
         config = super().get_config()

@@ -1,25 +1,14 @@
 """Multi-head attention with a pluggable kernel and position encoding."""
 
+import warnings
+
 import keras
 from keras import ops
 
-from performer_keras.circulant_string import CirculantString
-from performer_keras.exp_features import ExpFeatures
-from performer_keras.favor_features import FavorFeatures
+from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
-from performer_keras.options import (
-    KERNELS, POSITIONS, ROTATION_ORDERS, check_choice, check_non_negative, check_positive,
-)
-from performer_keras.relu_features import ReluFeatures
-from performer_keras.rotary_embedding_2d import RotaryEmbedding2D
-from performer_keras.toeplitz_bias_2d import ToeplitzBias2D
-
-LINEAR_KERNELS = ("favor", "relu", "exp")
-ROTATIONS = ("rope", "string")
-# favor/exp estimate exp(q^T k): rotating q and k first keeps the estimate exactly
-# relative. ReLU features are not a kernel of q^T k, so RoFormer (sec. 3.4.2)
-# rotates the features instead and keeps the normaliser unrotated.
-DEFAULT_ROTATION_ORDER = {"softmax": "before", "linformer": "before", "favor": "before", "exp": "before", "relu": "after"}
+from performer_keras.options import ROTATION_ORDERS, check_choice, check_non_negative, check_positive
+from performer_keras.registry import KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, compatible, positions_of, resolve
 
 
 def split_heads(x, num_heads):
@@ -35,6 +24,13 @@ def merge_heads(x):
     return ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (-1, tokens, heads * head_dim))
 
 
+TOEPLITZ_PATHS = ("auto", "dense", "fft")
+# Up to this many tokens, kernelized kerple builds the N x N weights (dense path);
+# above, it correlates by FFT. Measured: the smaller crossover of two head shapes
+# in profiles/results/<device>/<backend>/kerple_paths.json (README, "KERPLE's two paths").
+DENSE_TOEPLITZ_MAX_TOKENS = 1025
+
+
 @keras.saving.register_keras_serializable(package="performer_keras")
 class KernelAttention(keras.layers.Layer):
     """Multi-head self-attention: one layer, any kernel x position.
@@ -43,25 +39,30 @@ class KernelAttention(keras.layers.Layer):
     grid of patches in row-major order. With q, k, v of shape
     (batch, heads, N, d):
 
-    kernel:
+    kernel_name (one row of `registry.KERNEL_TABLE`):
         softmax    A = softmax(q k^T / sqrt(d) + B) v                   O(N^2 d)
         favor      A = phi(q) (phi(k)^T v) / phi(q) (phi(k)^T 1)         O(N m d)
                    with FAVOR+ positive random features (`FavorFeatures`)
         relu       the same with phi = ReLU random features (`ReluFeatures`)
         exp        the same with deterministic exponential features (`ExpFeatures`)
+        (any registered linear kernel: the same with its `FeatureMap`)
         linformer  softmax(q (E k)^T / sqrt(d)) (F v), learned E, F of shape
                    (linformer_dim, N) (Wang et al., arXiv:2006.04768)    O(N k d)
     Linear kernels never form an N x N matrix and compute in float32.
 
-    position (the learned absolute embedding lives in the ViT, so `absolute`
-    adds nothing here):
+    position (one row of `registry.POSITION_TABLE`; the learned absolute
+    embedding lives in the ViT, so `absolute` adds nothing here):
         rope    2D rotary embedding (`RotaryEmbedding2D`) of q and k, or of
                 phi(q), phi(k) in the numerator only (`rotation_order`)
         string  Circulant-STRING rotations (`CirculantString`), same orders
         kerple  2D Toeplitz RPE (`ToeplitzBias2D`, Luo et al. 2021): additive
                 logit bias B for softmax; weights exp(b[p_j - p_i]) phi(q_i)^T
                 phi(k_j) in numerator and normaliser for linear kernels, by
-                FFT in O(N log N m d). q and k are l2-normalised to norm
+                one of two exact algorithms (`toeplitz_path`): dense, the
+                N x N weights exp(B) * (phi(Q) phi(K)^T) times [V, 1] in
+                O(N^2 (m + d)) time and O(N^2) memory, or FFT, a 2D
+                cross-correlation of phi(k_j) (x) [v_j, 1] in O(N log N m d)
+                time and O(N m d) memory. q and k are l2-normalised to norm
                 sqrt(d) first by default (`normalize_qk`), the paper's source
                 of stability: logits / sqrt(d) are bounded by sqrt(d).
     Prefix (CLS) tokens have no grid position: they are not rotated (as if
@@ -69,7 +70,9 @@ class KernelAttention(keras.layers.Layer):
 
     Args:
         num_heads: number of heads; the input width must divide by it.
-        kernel: one of `KERNELS`.
+        kernel_name: one of `KERNELS` (the argument was `kernel` before 0.3,
+            a name Keras reserves for weights; saved configs that use it load
+            with a DeprecationWarning).
         position: one of `POSITIONS`.
         grid_size: (H, W) of the patch grid; required for rope, string,
             kerple.
@@ -80,12 +83,17 @@ class KernelAttention(keras.layers.Layer):
             (0 = never).
         deterministic: relu only: phi(x) = ReLU(x), no projection.
         rotation_order: "before" rotates q, k before the feature map, "after"
-            rotates the features; None takes `DEFAULT_ROTATION_ORDER`.
+            rotates the features; None takes the kernel's
+            (`registry.Kernel.rotation_order`).
         rope_mixed: learned mixed RoPE frequencies (RoPE-Mixed).
-        normalize_qk: l2-normalise q and k; None means True for kerple only.
+        normalize_qk: l2-normalise q and k; None takes the position's
+            (`registry.Position.normalize_qk`: True for kerple only).
         linformer_dim: k, the projected sequence length for linformer.
         fused: softmax only: `ops.dot_product_attention` (flash attention
             where the backend has it) instead of the explicit matmuls.
+        toeplitz_path: kerple with a linear kernel: "dense", "fft", or
+            "auto" (default): dense up to `DENSE_TOEPLITZ_MAX_TOKENS` tokens,
+            FFT above. `toeplitz_path_used` says which one the layer runs.
         seed: seed of the random features.
 
     Call arguments:
@@ -101,7 +109,7 @@ class KernelAttention(keras.layers.Layer):
     def __init__(
         self,
         num_heads,
-        kernel="softmax",
+        kernel_name="softmax",
         position="absolute",
         grid_size=None,
         num_prefix_tokens=1,
@@ -115,11 +123,15 @@ class KernelAttention(keras.layers.Layer):
         linformer_dim=32,
         fused=False,
         seed=None,
+        toeplitz_path="auto",
         **kwargs,
     ):
+        if "kernel" in kwargs:
+            warnings.warn("KernelAttention(kernel=...) is now kernel_name=...", DeprecationWarning, stacklevel=2)
+            kernel_name = kwargs.pop("kernel")
         super().__init__(**kwargs)
         self.num_heads = check_positive("num_heads", num_heads)
-        self.kernel = check_choice("kernel", kernel, KERNELS)
+        self.kernel_name = check_choice("kernel", kernel_name, KERNELS)
         self.position = check_choice("position", position, POSITIONS)
         self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
@@ -133,31 +145,56 @@ class KernelAttention(keras.layers.Layer):
         self.linformer_dim = check_positive("linformer_dim", linformer_dim)
         self.fused = bool(fused)
         self.seed = seed
+        self.toeplitz_path = check_choice("toeplitz_path", toeplitz_path, TOEPLITZ_PATHS)
         self._validate()
 
     def _validate(self):
         if self.rotation_order is not None:
             check_choice("rotation_order", self.rotation_order, ROTATION_ORDERS)
-            if self.rotation_order == "after" and self.kernel not in LINEAR_KERNELS:
+            if self.rotation_order == "after" and not self.spec.linear:
                 raise ValueError(
                     f"rotation_order='after' rotates random features, which kernel "
-                    f"{self.kernel!r} does not have; expected one of {(None, 'before')}"
+                    f"{self.kernel_name!r} does not have; expected one of {(None, 'before')}"
                 )
-        if self.position != "absolute" and self.grid_size is None:
+        if self.position_spec.kind != "embedding" and self.grid_size is None:
             raise ValueError(f"position {self.position!r} needs grid_size=(rows, cols) of the patch grid")
-        if self.kernel == "linformer" and self.position == "kerple":
+        if not compatible(self.kernel_name, self.position):
             raise ValueError(
-                "kernel 'linformer' mixes tokens along the sequence, so token pairs and "
-                "their offsets no longer exist; expected position one of ('absolute', 'rope', 'string')"
+                f"kernel {self.kernel_name!r} mixes tokens along the sequence, so token pairs and their offsets "
+                f"no longer exist; expected position one of {tuple(p for p in POSITIONS if compatible(self.kernel_name, p))}"
             )
 
     @property
+    def spec(self):
+        """The kernel's row of `registry.KERNEL_TABLE`."""
+        return KERNEL_TABLE[self.kernel_name]
+
+    @property
+    def position_spec(self):
+        """The position's row of `registry.POSITION_TABLE`."""
+        return POSITION_TABLE[self.position]
+
+    @property
+    def rotates(self):
+        return self.position_spec.kind == "rotation"
+
+    @property
     def order(self):
-        return self.rotation_order or DEFAULT_ROTATION_ORDER[self.kernel]
+        return self.rotation_order or self.spec.rotation_order
+
+    @property
+    def toeplitz_path_used(self):
+        """"dense" or "fft" for kerple with a linear kernel (after build), else None."""
+        if not (self.spec.linear and self.position_spec.kind == "bias" and self.built):
+            return None
+        if self.toeplitz_path != "auto":
+            return self.toeplitz_path
+        tokens = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+        return "dense" if tokens <= DENSE_TOEPLITZ_MAX_TOKENS else "fft"
 
     @property
     def normalizes(self):
-        return self.position == "kerple" if self.normalize_qk is None else bool(self.normalize_qk)
+        return self.position_spec.normalize_qk if self.normalize_qk is None else bool(self.normalize_qk)
 
     def build(self, inputs_shape):
         width, tokens = int(inputs_shape[-1]), inputs_shape[-2]
@@ -177,12 +214,12 @@ class KernelAttention(keras.layers.Layer):
             setattr(self, name, dense)
         heads_shape = (None, self.num_heads, tokens, self.head_dim)
         rotated_dim = self.head_dim
-        if self.kernel in LINEAR_KERNELS:
+        if self.spec.linear:
             self.features = self._make_features()
             self.features.build(heads_shape, heads_shape)
             if self.order == "after":
                 rotated_dim = self.features.feature_dim
-        if self.kernel == "linformer":
+        if self.kernel_name == "linformer":
             if tokens is None:
                 raise ValueError("kernel 'linformer' needs a fixed number of tokens")
             for name in ("key_projection", "value_projection"):
@@ -190,36 +227,26 @@ class KernelAttention(keras.layers.Layer):
                     name=name, shape=(self.linformer_dim, tokens), initializer="glorot_normal"
                 ))
         self.patch_positions = None if self.grid_size is None else grid_positions(self.grid_size)
-        if self.position in ROTATIONS:
+        layer = resolve(self.position_spec.layer)
+        options = {argument: getattr(self, attribute) for argument, attribute in self.position_spec.options}
+        if self.rotates:
             patches = self.grid_size[0] * self.grid_size[1]
             # Rotated features are float32: keep Keras from casting them to the compute dtype.
-            common = dict(dtype=self.dtype_policy, autocast=self.order == "before")
-            if self.position == "rope":
-                self.rotation = RotaryEmbedding2D(mixed=self.rope_mixed, name="rope", **common)
-            else:
-                self.rotation = CirculantString(name="string", **common)
+            self.rotation = layer(name=self.position, dtype=self.dtype_policy, autocast=self.order == "before", **options)
             self.rotation.build((None, self.num_heads, patches, rotated_dim), (patches, 2))
-        if self.position == "kerple":
-            self.toeplitz = ToeplitzBias2D(
-                self.grid_size, self.num_heads, self.num_prefix_tokens, name="kerple",
-                dtype=self.dtype_policy, autocast=False,
+        if self.position_spec.kind == "bias":
+            self.toeplitz = layer(
+                self.grid_size, self.num_heads, self.num_prefix_tokens, name=self.position,
+                dtype=self.dtype_policy, autocast=False, **options,
             )
             self.toeplitz.build()
 
     def _make_features(self):
-        common = dict(name="features", dtype=self.dtype_policy, autocast=False)
-        if self.kernel == "exp":
-            return ExpFeatures(**common)
-        random = dict(
-            num_features=self.num_features,
-            orthogonal=self.orthogonal,
-            redraw_interval=self.redraw_interval,
-            seed=self.seed,
-            **common,
-        )
-        if self.kernel == "favor":
-            return FavorFeatures(**random)
-        return ReluFeatures(deterministic=self.deterministic, **random)
+        features = resolve(self.spec.features)
+        if not (isinstance(features, type) and issubclass(features, FeatureMap)):
+            raise ValueError(f"kernel {self.kernel_name!r}: features must be a FeatureMap subclass, got {features!r}")
+        options = {name: getattr(self, name) for name in self.spec.options}
+        return features(name="features", dtype=self.dtype_policy, autocast=False, **options)
 
     def rotate(self, x, positions):
         """Rotate the grid tokens of (batch, heads, N, dim); prefix tokens stay."""
@@ -227,28 +254,29 @@ class KernelAttention(keras.layers.Layer):
         return ops.concatenate([x[:, :, :p], self.rotation(x[:, :, p:], positions)], axis=2)
 
     def call(self, inputs, training=None, positions=None):
-        if positions is not None and self.position not in ROTATIONS:
+        if positions is not None and not self.rotates:
             # The Toeplitz bias is a table indexed by the fixed grid's offsets; silently
             # ignoring other coordinates would make a caller believe they were used.
-            raise ValueError(f"positions are used by the rotations {ROTATIONS} only; position {self.position!r} "
+            rotations = positions_of("rotation")
+            raise ValueError(f"positions are used by the rotations {rotations} only; position {self.position!r} "
                              f"always uses the {self.grid_size} grid")
         positions = self.patch_positions if positions is None else positions
         q, k, v = (split_heads(layer(inputs), self.num_heads) for layer in (self.query, self.key, self.value))
         if self.normalizes:
             # Unit RMS per coordinate: |q| = sqrt(d), so |q^T k| / sqrt(d) <= sqrt(d).
             q, k = (ops.normalize(x, axis=-1) * self.head_dim**0.5 for x in (q, k))
-        if self.position in ROTATIONS and self.order == "before":
+        if self.rotates and self.order == "before":
             q, k = self.rotate(q, positions), self.rotate(k, positions)
-        if self.kernel == "softmax":
-            outputs = self._softmax(q, k, v)
-        elif self.kernel == "linformer":
+        if self.spec.linear:
+            outputs = self._linear(q, k, v, positions, training)
+        elif self.kernel_name == "linformer":
             outputs = self._linformer(q, k, v)
         else:
-            outputs = self._linear(q, k, v, positions, training)
+            outputs = self._softmax(q, k, v)
         return self.output_dense(merge_heads(ops.cast(outputs, self.compute_dtype)))
 
     def _softmax(self, q, k, v):
-        bias = self.toeplitz.bias_matrix() if self.position == "kerple" else None
+        bias = self.toeplitz.bias_matrix() if self.position_spec.kind == "bias" else None
         scale = self.head_dim**-0.5
         if self.fused:
             transpose = lambda x: ops.transpose(x, (0, 2, 1, 3))  # (batch, N, heads, d)
@@ -274,10 +302,10 @@ class KernelAttention(keras.layers.Layer):
     def _linear(self, q, k, v, positions, training):
         phi_q, phi_k = self.features(q, k, training=training)  # (batch, heads, N, m) float32
         v = ops.cast(v, "float32")
-        if self.position == "kerple":
+        if self.position_spec.kind == "bias":
             return self._linear_toeplitz(phi_q, phi_k, v)
         num_q, num_k = phi_q, phi_k
-        if self.position in ROTATIONS and self.order == "after":
+        if self.rotates and self.order == "after":
             num_q, num_k = self.rotate(phi_q, positions), self.rotate(phi_k, positions)
         kv = ops.matmul(ops.transpose(num_k, (0, 1, 3, 2)), v)  # (batch, heads, m, d)
         numerator = ops.matmul(num_q, kv)  # (batch, heads, N, d)
@@ -286,6 +314,11 @@ class KernelAttention(keras.layers.Layer):
         return numerator / normaliser
 
     def _linear_toeplitz(self, phi_q, phi_k, v):
+        if self.toeplitz_path_used == "dense":
+            # w_ij = exp(b[p_j - p_i]) phi(q_i)^T phi(k_j): the N x N weights, formed once.
+            scores = ops.matmul(phi_q, ops.transpose(phi_k, (0, 1, 3, 2)))  # (batch, heads, N, N)
+            weights = scores * ops.exp(self.toeplitz.bias_matrix())[None]
+            return ops.matmul(weights, v) / ops.sum(weights, axis=-1, keepdims=True)  # (batch, heads, N, d)
         batch, heads, tokens, m = ops.shape(phi_q)
         d = ops.shape(v)[-1]
         # u_j = phi(k_j) (x) [v_j, 1]: numerator and normaliser in one correlation.
@@ -303,7 +336,7 @@ class KernelAttention(keras.layers.Layer):
         config = super().get_config()
         config.update(
             num_heads=self.num_heads,
-            kernel=self.kernel,
+            kernel_name=self.kernel_name,
             position=self.position,
             grid_size=self.grid_size,
             num_prefix_tokens=self.num_prefix_tokens,
@@ -317,5 +350,6 @@ class KernelAttention(keras.layers.Layer):
             linformer_dim=self.linformer_dim,
             fused=self.fused,
             seed=self.seed,
+            toeplitz_path=self.toeplitz_path,
         )
         return config

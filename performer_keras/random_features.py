@@ -15,6 +15,7 @@ inside the layer give the same schedule on every backend; at inference
 import keras
 from keras import ops
 
+from performer_keras.feature_map import FeatureMap
 from performer_keras.options import check_non_negative, check_positive
 
 
@@ -45,7 +46,7 @@ def draw_projection(num_features, dim, orthogonal, seed):
     return rows * norms[:, None]
 
 
-class RandomFeatures(keras.layers.Layer):
+class RandomFeatures(FeatureMap):
     """Base of feature maps phi(x) built on a random projection W (m x d).
 
     Subclasses implement `feature_map(queries, keys)`; this class owns W, its
@@ -78,7 +79,7 @@ class RandomFeatures(keras.layers.Layer):
         )
 
     def build(self, queries_shape, keys_shape=None):
-        self.dim = int(queries_shape[-1])
+        super().build(queries_shape, keys_shape)
         self.projection = self.add_weight(
             name="projection",
             shape=(self.num_features, self.dim),
@@ -90,9 +91,7 @@ class RandomFeatures(keras.layers.Layer):
                 name="step", shape=(), dtype="int32", initializer="zeros", trainable=False
             )
 
-    @property
-    def feature_dim(self):
-        """m, the width of phi(x)."""
+    def output_dim(self, input_dim):
         return self.num_features
 
     def current_projection(self, training):
@@ -111,13 +110,6 @@ class RandomFeatures(keras.layers.Layer):
 
     def call(self, queries, keys, training=None):
         return self.feature_map(queries, keys, self.current_projection(training))
-
-    def compute_output_shape(self, queries_shape, keys_shape=None):
-        keys_shape = queries_shape if keys_shape is None else keys_shape
-        return (
-            tuple(queries_shape[:-1]) + (self.num_features,),
-            tuple(keys_shape[:-1]) + (self.num_features,),
-        )
 
     def get_config(self):
         config = super().get_config()

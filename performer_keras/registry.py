@@ -1,11 +1,143 @@
-"""Variants are kernel x position x size, resolved in one place (STYLE rule 5)."""
+"""Variants are kernel x position x size, resolved in one place (STYLE rule 5).
 
-from performer_keras.options import KERNELS, POSITIONS, check_choice
-from performer_keras.vit import build_vit
+One table per choice, free of Keras so that the harness can read it without a
+backend: `KERNEL_TABLE` (name -> `Kernel`), `POSITION_TABLE` (name ->
+`Position`) and `SIZES`. Everything that lists kernels or positions (the
+layer's dispatch, the variant names, the analytic FLOP count, the tuner's
+search spaces, the report's rows and plot styles) is derived from them, so a
+new linear kernel is one `FeatureMap` file plus one `register_kernel` call
+(README, "Adding a kernel").
+"""
 
-# The twelve variants of the comparison use these kernels; exp and linformer are
-# extra rows.
-MAIN_KERNELS = ("softmax", "favor", "relu")
+import dataclasses
+import importlib
+
+from performer_keras.options import ROTATION_ORDERS, check_choice
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """An attention kernel: what the layer, the FLOP count, the tuner and the figures need to know.
+
+    Attributes:
+        features: the `FeatureMap` class of a linear kernel, or "module:Class"
+            of one in this package (imported on first use); None for the
+            quadratic kernels that `KernelAttention` computes itself.
+        options: `KernelAttention` arguments passed on to the feature map.
+        random: phi projects onto `num_features` random directions; the FLOP
+            count includes the projection and m = num_features (else m = d).
+        searched: kernel options the tuner searches (`tuning/search_spaces.py`).
+        rotation_order: default order of a rotation and the feature map
+            ("before": rotate q, k; "after": rotate phi(q), phi(k)).
+        main: a row of the comparison's main table.
+        colour: its colour in every figure.
+        pairwise: weighs token pairs (i, j), so a relative bias on their
+            offsets applies; False for linformer, which mixes the sequence.
+    """
+
+    features: object = None
+    options: tuple = ()
+    random: bool = False
+    searched: tuple = ()
+    rotation_order: str = "before"
+    main: bool = False
+    colour: str = "black"
+    pairwise: bool = True
+
+    @property
+    def linear(self):
+        """O(N) through a feature map, never an N x N matrix."""
+        return self.features is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """A position encoding of the patch grid.
+
+    Attributes:
+        kind: "embedding" (only the ViT's learned absolute embedding),
+            "rotation" (rotates q and k, or their features) or "bias" (a
+            relative bias indexed by the grid's offsets).
+        layer: "module:Class" of its layer in this package, or None.
+        options: (layer argument, `KernelAttention` attribute) pairs.
+        normalize_qk: the default of `KernelAttention(normalize_qk=None)`.
+        marker: its marker in every figure.
+    """
+
+    kind: str
+    layer: str = None
+    options: tuple = ()
+    normalize_qk: bool = False
+    marker: str = "x"
+
+
+_RANDOM = ("num_features", "orthogonal", "redraw_interval", "seed")
+
+KERNEL_TABLE = {
+    "softmax": Kernel(main=True, colour="tab:blue"),
+    "favor": Kernel("favor_features:FavorFeatures", _RANDOM, random=True,
+                    searched=("num_features", "redraw_interval"), main=True, colour="tab:orange"),
+    # ReLU features are not a kernel of q^T k, so RoFormer (sec. 3.4.2) rotates the
+    # features instead and keeps the normaliser unrotated.
+    "relu": Kernel("relu_features:ReluFeatures", (*_RANDOM, "deterministic"), random=True,
+                   searched=("num_features",), rotation_order="after", main=True, colour="tab:green"),
+    "exp": Kernel("exp_features:ExpFeatures", colour="tab:red"),
+    "linformer": Kernel(colour="tab:purple", pairwise=False),
+}
+
+POSITION_TABLE = {
+    "absolute": Position("embedding", marker="o"),
+    "rope": Position("rotation", "rotary_embedding_2d:RotaryEmbedding2D", (("mixed", "rope_mixed"),), marker="s"),
+    "string": Position("rotation", "circulant_string:CirculantString", marker="^"),
+    # Luo et al. normalise q and k for stability; the other positions do not.
+    "kerple": Position("bias", "toeplitz_bias_2d:ToeplitzBias2D", normalize_qk=True, marker="D"),
+}
+
+# Live views: a kernel registered later is a valid choice everywhere at once.
+KERNELS = KERNEL_TABLE.keys()
+POSITIONS = POSITION_TABLE.keys()
+
+
+def main_kernels():
+    """The kernels of the comparison's main table (softmax, favor, relu)."""
+    return tuple(name for name, kernel in KERNEL_TABLE.items() if kernel.main)
+
+
+def linear_kernels():
+    """The kernels computed through a feature map in O(N)."""
+    return tuple(name for name, kernel in KERNEL_TABLE.items() if kernel.linear)
+
+
+def positions_of(kind):
+    """The positions of `kind` ("embedding", "rotation" or "bias")."""
+    return tuple(name for name, position in POSITION_TABLE.items() if position.kind == kind)
+
+
+def register_kernel(name, kernel):
+    """Add a kernel to `KERNEL_TABLE`: from then on `f"{name}-rope"` is a variant like any other.
+
+    Args:
+        name: the kernel's short name (no "-", not taken).
+        kernel: a `Kernel`, for a linear kernel with `features=` its
+            `FeatureMap` subclass.
+    """
+    if not isinstance(name, str) or not name or "-" in name:
+        raise ValueError(f"a kernel name is a non-empty string without '-', got {name!r}")
+    if name in KERNEL_TABLE:
+        raise ValueError(f"kernel {name!r} exists; expected a new name, not one of {tuple(KERNELS)}")
+    if not isinstance(kernel, Kernel):
+        raise ValueError(f"register_kernel takes a Kernel, got {type(kernel).__name__}")
+    check_choice("rotation_order", kernel.rotation_order, ROTATION_ORDERS)
+    KERNEL_TABLE[name] = kernel
+
+
+def resolve(reference):
+    """The class a table entry names: a class as it is, "module:Class" imported from this package."""
+    if not isinstance(reference, str):
+        return reference
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(f"performer_keras.{module}"), name)
+
 
 SIZES = {
     # A few seconds per epoch on subsampled data: tests and smoke runs.
@@ -30,14 +162,14 @@ def parse_variant(name):
 
 
 def list_variants(extra=False):
-    """The twelve {softmax, favor, relu} x positions (plus exp and linformer rows if `extra`)."""
-    kernels = KERNELS if extra else MAIN_KERNELS
-    return [
-        variant_name(k, p)
-        for k in kernels
-        for p in POSITIONS
-        if not (k == "linformer" and p == "kerple")
-    ]
+    """The twelve main kernels x positions (plus every other kernel's rows if `extra`)."""
+    kernels = KERNELS if extra else main_kernels()
+    return [variant_name(k, p) for k in kernels for p in POSITIONS if compatible(k, p)]
+
+
+def compatible(kernel, position):
+    """Whether the pair exists: a kernel that mixes the sequence (linformer) has no token pairs to bias."""
+    return KERNEL_TABLE[kernel].pairwise or POSITION_TABLE[position].kind != "bias"
 
 
 def model_config(size="reference", **overrides):
@@ -49,5 +181,8 @@ def model_config(size="reference", **overrides):
 
 def create_model(name, image_shape=(28, 28, 1), num_classes=10, size="reference", **overrides):
     """Build variant `name` ('favor-rope') at `size`; keyword arguments override the table."""
+    # Imported here so that the tables above are readable without loading Keras.
+    from performer_keras.vit import build_vit
+
     attention, position = parse_variant(name)
     return build_vit(image_shape, num_classes, attention=attention, position=position, **model_config(size, **overrides))

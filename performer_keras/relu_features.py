@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from performer_keras.feature_map import FeatureMap
 from performer_keras.random_features import RandomFeatures
 
 
@@ -40,18 +41,12 @@ class ReluFeatures(RandomFeatures):
 
     def build(self, queries_shape, keys_shape=None):
         if self.deterministic:
-            self.dim = int(queries_shape[-1])
+            FeatureMap.build(self, queries_shape, keys_shape)  # no projection to draw
         else:
             super().build(queries_shape, keys_shape)
 
-    @property
-    def feature_dim(self):
-        return self.dim if self.deterministic else self.num_features
-
-    def compute_output_shape(self, queries_shape, keys_shape=None):
-        keys_shape = queries_shape if keys_shape is None else keys_shape
-        m = int(queries_shape[-1]) if self.deterministic else self.num_features
-        return tuple(queries_shape[:-1]) + (m,), tuple(keys_shape[:-1]) + (m,)
+    def output_dim(self, input_dim):
+        return input_dim if self.deterministic else self.num_features
 
     def call(self, queries, keys, training=None):
         if self.deterministic:

@@ -13,15 +13,20 @@
   and forward + backward, over token counts 64 .. 16,384; fitted exponents of
   cost in N and the crossover N where each linear kernel beats softmax.
 * `profiles.report`: the JSON results as a Markdown summary with log-log plots.
+* `profiles.memory`, `profiles.traces`, `profiles.child`: peak memory,
+  profiler traces and their top operations, and the child processes.
 
 Every measurement that can run out of memory or time runs in a child process
-(`bench.run_in_child`), so an out-of-memory point is recorded as such and the
+(`child.run_in_child`), so an out-of-memory point is recorded as such and the
 sweep goes on. Results land in `<out>/<device>/<backend>/`.
 
 Nothing heavy is imported here, so `python -m profiles --help` and the child
 processes start without loading a backend twice.
 """
 
-# Scaling defaults, here so that the command line parses without a backend.
+# Defaults of `python -m profiles`, here so that the command line parses without a backend.
+BENCH_SIZE = "reference"  # the per-variant bench measures the reference model
+BENCH_BATCH = 32
+BENCH_DATASETS = ("mnist", "cifar10")  # the resolutions a bench can take (MNIST's is the default)
 SCOPES = ("layer", "model")
 DEFAULT_PATCHES = tuple(64 * 2**k for k in range(9))  # grids 8x8, 8x16, ..., 128x128

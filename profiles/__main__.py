@@ -9,6 +9,8 @@ Writes into <out>/<device>/<backend>/: bench/<variant>-<dataset>.json,
 scaling/<scope>-<series>.json, traces/, plots/, run.json and summary.md
 (see `profiles.report`). Each measurement runs in a child process under a
 time and a memory limit; failures are recorded and the run goes on.
+The bench measures size reference at batch 32 at MNIST's resolution unless
+--size, --batch-size or --datasets say otherwise; --out is profiles/results.
 """
 
 import datetime
@@ -16,74 +18,58 @@ import shlex
 import sys
 from pathlib import Path
 
-from performer_keras import atomic
+from experiments import atomic
+from experiments.cli import fail, parser
 from performer_keras.options import check_choice
-from performer_keras.options import positive_int
-from profiles import DEFAULT_PATCHES, SCOPES
+from performer_keras.registry import SIZES, list_variants, parse_variant
+from profiles import BENCH_BATCH, BENCH_DATASETS, BENCH_SIZE, DEFAULT_PATCHES, SCOPES
 
+PROG = "python -m profiles"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+OPTIONS = (
+    "datasets", "size", "batch-size", "burn-in", "steps", "trace-steps", "tokens", "model-tokens", "scopes",
+    "fused-softmax", "width", "heads", "num-features", "scaling-steps", "max-seconds", "time-limit",
+    "bench-time-limit", "memory-limit-gb", "skip-bench", "skip-scaling", "resume", "in-process", "report-only", "out",
+)
+DEFAULTS = dict(datasets=[BENCH_DATASETS[0]], size=BENCH_SIZE, batch_size=BENCH_BATCH, tokens=list(DEFAULT_PATCHES),
+                scopes=list(SCOPES), out=DEFAULT_OUT)
 
 
 def parse_args(argv=None):
-    from performer_keras.cli import OneLineParser
-
-    parser = OneLineParser(prog="python -m profiles", description=__doc__.splitlines()[0])
-    parser.add_argument("variants", nargs="*", metavar="VARIANT",
-                        help="registry names such as favor-rope (default: the twelve of list_variants())")
-    parser.add_argument("--datasets", nargs="+", default=["mnist"], choices=("mnist", "cifar10"),
-                        help="resolutions of the per-variant bench (default mnist: 28x28x1, 50 tokens)")
-    parser.add_argument("--size", default="reference", help="model size of the bench (default reference)")
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="training batch of the bench (default 32)")
-    parser.add_argument("--burn-in", type=int, default=1, help="untimed steps after the compiling one (default 1)")
-    parser.add_argument("--steps", type=positive_int, default=3, help="timed training steps (default 3)")
-    parser.add_argument("--trace-steps", type=int, default=2, help="training steps traced by the profiler (0: none)")
-    parser.add_argument("--tokens", type=positive_int, nargs="+", default=list(DEFAULT_PATCHES), metavar="N",
-                        help="patches of the scaling grids (the CLS token adds one; default 64 .. 16384)")
-    parser.add_argument("--model-tokens", type=positive_int, nargs="+", metavar="N",
-                        help="patches for the model scope (default: --tokens)")
-    parser.add_argument("--scopes", nargs="+", default=list(SCOPES), choices=SCOPES, help="scaling scopes")
-    parser.add_argument("--fused-softmax", action="store_true",
-                        help="also sweep softmax through ops.dot_product_attention (flash where available)")
-    parser.add_argument("--width", type=positive_int, help="scaling width (default 64)")
-    parser.add_argument("--heads", type=positive_int, help="scaling heads (default 2)")
-    parser.add_argument("--num-features", type=positive_int, help="scaling random features m (default 64)")
-    parser.add_argument("--scaling-steps", type=positive_int, default=3, help="timed calls per scaling point")
-    parser.add_argument("--max-seconds", type=float, default=20.0,
-                        help="stop timing a scaling point after this many seconds of calls (default 20)")
-    parser.add_argument("--time-limit", type=float, default=180.0, help="seconds per scaling point (default 180)")
-    parser.add_argument("--bench-time-limit", type=float, default=900.0,
-                        help="seconds per stage of a variant's bench (default 900)")
-    parser.add_argument("--memory-limit-gb", type=float, default=8.0,
-                        help="resident memory of a measurement before it counts as out of memory (default 8)")
-    parser.add_argument("--skip-bench", action="store_true", help="no per-variant bench")
-    parser.add_argument("--skip-scaling", action="store_true", help="no scaling sweep")
-    parser.add_argument("--resume", action="store_true", help="keep results whose JSON file already exists")
-    parser.add_argument("--in-process", action="store_true",
-                        help="measure in this process: faster, but no limits and no recovery from a crash")
-    parser.add_argument("--report-only", action="store_true", help="only rewrite summary.md and the plots")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results root (default {DEFAULT_OUT})")
-    return parser.parse_args(argv)
+    """The command line with the defaults of `DEFAULTS` filled in; bad values exit 2 with one line."""
+    cli = parser(PROG, __doc__, *OPTIONS)
+    cli.add_argument("variants", nargs="*", metavar="VARIANT",
+                     help="registry names such as favor-rope (default: the twelve of list_variants())")
+    args = cli.parse_args(argv)
+    for name, default in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    args.out = Path(args.out)
+    args.variants = args.variants or list_variants()
+    try:
+        for variant in args.variants:
+            parse_variant(variant)
+        check_choice("size", args.size, tuple(SIZES))
+        for dataset in args.datasets:
+            check_choice("dataset", dataset, BENCH_DATASETS)
+        for scope in args.scopes:
+            check_choice("scope", scope, SCOPES)
+    except ValueError as error:
+        cli.exit(fail(PROG, error))
+    if args.out.exists() and not args.out.is_dir():
+        cli.exit(fail(PROG, f"--out {args.out} is a file; give a folder"))
+    return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     command = "python -m profiles " + shlex.join(sys.argv[1:] if argv is None else argv)
-    # Imported after parsing so that --help answers without loading a backend.
+    # Imported after parsing so that --help and bad input answer without loading a backend.
     import keras
 
-    from performer_keras.cli import fail
-    from performer_keras.registry import SIZES, list_variants, parse_variant
     from profiles import bench, report, scaling
 
-    variants = args.variants or list_variants()
-    try:
-        for variant in variants:
-            parse_variant(variant)
-        check_choice("size", args.size, tuple(SIZES))
-    except ValueError as err:
-        return fail("python -m profiles", err)
-    if args.out.exists() and not args.out.is_dir():
-        return fail("python -m profiles", f"--out {args.out} is a file; give a folder")
+    variants = args.variants
     result_dir = args.out / bench.device_slug() / keras.backend.backend()
     if args.report_only:
         print(report.write_summary(result_dir))

@@ -16,22 +16,14 @@ import math
 import os
 from pathlib import Path
 
-from performer_keras import atomic
-from performer_keras.options import POSITIONS
-from performer_keras.report import table_lines
+from experiments import atomic
+from experiments.figures import kernel_colour, new_figure
+from experiments.markdown import table_lines
+from performer_keras.registry import KERNELS, POSITIONS, linear_kernels
 from profiles import SCOPES
 from profiles.scaling import CHEAP_SECONDS, FIT_POINTS, MAX_CALLS, MODES, crossover, fit_exponent, ok_points
 
-KERNEL_STYLE = {  # kernel -> (colour, line style)
-    "softmax": ("tab:blue", "-"),
-    "softmax-fused": ("tab:purple", "--"),
-    "favor": ("tab:orange", "-"),
-    "relu": ("tab:green", "-"),
-    "exp": ("tab:red", "-"),
-    "linformer": ("tab:brown", "-"),
-}
 MODE_TITLE = {"forward": "forward", "train": "forward + backward"}
-LINEAR_KERNELS = ("favor", "relu", "exp")
 
 
 # === Reading ===
@@ -69,11 +61,6 @@ def plot_scaling(scaling, out_dir):
     One figure per (scope, quantity): rows are the modes, columns the
     positions, one line per kernel. Returns {(scope, quantity): path}.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -81,8 +68,8 @@ def plot_scaling(scaling, out_dir):
         records = [s for s in scaling if s["scope"] == scope]
         positions = [p for p in POSITIONS if any(s["position"] == p for s in records)]
         for quantity, label, scale in (("ms", "time per call (ms)", 1.0), ("peak_bytes", "peak memory (MiB)", 2**-20)):
-            figure, axes = plt.subplots(len(MODES), len(positions), figsize=(4 * len(positions), 3.4 * len(MODES)),
-                                        squeeze=False, sharex=True)
+            figure = new_figure(4 * len(positions), 3.4 * len(MODES))
+            axes = figure.subplots(len(MODES), len(positions), squeeze=False, sharex=True)
             for row, mode in enumerate(MODES):
                 for col, position in enumerate(positions):
                     axis = axes[row][col]
@@ -92,7 +79,8 @@ def plot_scaling(scaling, out_dir):
                         points = [(n, v * scale) for n, v in ok_points(record, mode, quantity) if v > 0]
                         if not points:
                             continue
-                        colour, style = KERNEL_STYLE.get(series_key(record), ("black", ":"))
+                        # The fused softmax is softmax's colour, dashed.
+                        colour, style = kernel_colour(record["kernel"]), "--" if record.get("fused") else "-"
                         axis.plot(*zip(*points), style, marker="o", markersize=3, color=colour,
                                   label=series_key(record))
                         failed = next((p for p in record["points"] if p.get(mode)
@@ -115,7 +103,6 @@ def plot_scaling(scaling, out_dir):
             figure.tight_layout(rect=(0, 0, 0.9, 1))
             path = out_dir / f"{scope}-{'time' if quantity == 'ms' else 'memory'}.png"
             atomic.save_figure(figure, path, dpi=90)
-            plt.close(figure)
             paths[(scope, quantity)] = path
     return paths
 
@@ -212,13 +199,17 @@ def bench_section(bench):
     return lines
 
 
+def series_order(key):
+    """Sort key of a series name ("favor", "softmax-fused"): the registry's kernel order, fused softmax after softmax."""
+    kernel, _, fused = key.partition("-")
+    return (list(KERNELS).index(kernel) if kernel in KERNELS else len(KERNELS), bool(fused))
+
+
 def _variant_order(record):
-    kernel_order = list(KERNEL_STYLE)
     kernel = record.get("attention") or record.get("kernel") or ""
-    key = f"{kernel}-fused" if record.get("fused") else kernel
     position = record.get("position") or ""
-    return (kernel_order.index(key) if key in kernel_order else 99,
-            POSITIONS.index(position) if position in POSITIONS else 99)
+    return (series_order(f"{kernel}-fused" if record.get("fused") else kernel),
+            list(POSITIONS).index(position) if position in POSITIONS else len(POSITIONS))
 
 
 def scaling_section(scaling, plots, result_dir):
@@ -276,7 +267,7 @@ def _baselines(records, linear):
 
 
 def _crossover_tables(records, scope):
-    linear = [s for s in records if s["kernel"] in LINEAR_KERNELS]
+    linear = [s for s in records if s["kernel"] in linear_kernels()]
     if not linear:
         return []
     labels = []
@@ -347,7 +338,7 @@ def crossover_summary(scaling, scope="layer"):
     records = sorted((s for s in scaling if s["scope"] == scope), key=_variant_order)
     summary = {}
     for s in records:
-        if s["kernel"] not in LINEAR_KERNELS:
+        if s["kernel"] not in linear_kernels():
             continue
         baselines = dict(_baselines(records, s))
         baseline = baselines.get("fused softmax, same position") or baselines.get("softmax, same position")
@@ -414,7 +405,7 @@ def _findings(bench, scaling):
     facts = []
     trained = [b for b in bench if b.get("train_step_ms")]
     for b in trained:
-        if b["attention"] in LINEAR_KERNELS:
+        if b["attention"] in linear_kernels():
             softmax = next((s for s in trained if s["attention"] == "softmax" and s["position"] == b["position"]
                             and s["dataset"] == b["dataset"]), None)
             ratio = softmax and b["train_step_ms"] / softmax["train_step_ms"]
@@ -432,8 +423,7 @@ def _findings(bench, scaling):
                 exponents.setdefault(series_key(s), []).append((fit["exponent"], fit["to_tokens"]))
         if exponents:
             parts = [f"{kernel} {min(e for e, _ in fits):.2f}–{max(e for e, _ in fits):.2f}"
-                     for kernel, fits in sorted(exponents.items(), key=lambda kv: list(KERNEL_STYLE).index(kv[0])
-                                                if kv[0] in KERNEL_STYLE else 99)]
+                     for kernel, fits in sorted(exponents.items(), key=lambda kv: series_order(kv[0]))]
             facts.append(f"Forward time of the {scope} grows as N^k over its largest measured points with k: "
                          + ", ".join(parts) + " (range over the positions).")
         failures = sorted({(p[m]["status"], s["series"], p["tokens"], m) for s in records for p in s["points"]

@@ -17,7 +17,7 @@ and two modes, each compiled once (a `tf.function` or a `jax.jit`):
 
 For each point: the first call compiles, then up to `steps` calls are timed
 (fewer when they pass `max_seconds`) and the median kept; peak memory of
-building and running (`bench.PeakMemory`); forward FLOPs from the graph
+building and running (`memory.PeakMemory`); forward FLOPs from the graph
 (`flops.count_flops`) beside the analytic count. A series runs in a child
 process under a time limit per point and a memory limit: a point that runs out
 of either is recorded as "oom" / "timeout" / "error", the same mode is
@@ -38,12 +38,14 @@ import time
 import keras
 import numpy as np
 
-from performer_keras.evaluation import compiled_predict
-from performer_keras.flops import analytic_attention_flops, count_flops
+from experiments.compiled import compiled_predict
+from experiments.flops import analytic_attention_flops, analytic_model_flops, count_flops
 from performer_keras.kernel_attention import KernelAttention
 from performer_keras.options import check_choice, check_positive
 from performer_keras.registry import create_model, variant_name
 from profiles import DEFAULT_PATCHES, SCOPES, bench
+from profiles.child import DEFAULT_MEMORY_LIMIT, emit, failure, run_in_child
+from profiles.memory import PeakMemory
 
 # Fixed width, and batch 1: softmax at N = 16,385 holds 2 heads x N^2 float32
 # weights, 2 GiB, before its backward pass.
@@ -72,20 +74,20 @@ def series_name(kernel, position, fused=False):
 # === One point ===
 
 
-def build_subject(scope, kernel, position, grid, fused=False, config=SCALING_CONFIG):
-    """The layer alone (wrapped in a functional model) or the whole ViT for `grid`."""
+def build_subject(scope, kernel, position, grid, fused=False, config=SCALING_CONFIG, **options):
+    """The layer alone (wrapped in a functional model) or the whole ViT for `grid`; `options` go to every attention layer."""
     check_choice("scope", scope, SCOPES)
     if scope == "layer":
         tokens = 1 + grid[0] * grid[1]
         inputs = keras.Input((tokens, config["width"]), name="tokens")
         layer = KernelAttention(config["heads"], kernel, position, grid_size=grid, num_prefix_tokens=1,
-                                num_features=config["num_features"], fused=fused, name="attention")
+                                num_features=config["num_features"], fused=fused, name="attention", **options)
         return keras.Model(inputs, layer(inputs), name=f"attention_{kernel}_{position}")
     patch = config["patch_size"]
     image_shape = (grid[0] * patch, grid[1] * patch, config["channels"])
     architecture = {k: config[k] for k in ("width", "depth", "heads", "mlp_dim", "patch_size", "num_features")}
     return create_model(variant_name(kernel, position), image_shape, config["num_classes"], "small",
-                        fused=fused, **architecture)
+                        fused=fused, **architecture, **options)
 
 
 def subject_inputs(scope, model, config=SCALING_CONFIG, seed=0):
@@ -163,7 +165,7 @@ def measure_point(scope, kernel, position, patches, mode, fused=False, config=SC
                   max_seconds=20.0):
     """One (N, mode) point: time, peak memory and (forward) FLOPs. Raises on failure."""
     grid = grid_for(patches)
-    with bench.PeakMemory() as memory:
+    with PeakMemory() as memory:
         model = build_subject(scope, kernel, position, grid, fused, config)
         inputs, labels = subject_inputs(scope, model, config)
         forward, train = compiled_passes(model, scope)
@@ -185,7 +187,7 @@ def analytic_flops(scope, kernel, grid, config=SCALING_CONFIG):
     patch = config["patch_size"]
     image_shape = (grid[0] * patch, grid[1] * patch, config["channels"])
     architecture = {k: config[k] for k in ("width", "depth", "heads", "mlp_dim", "patch_size", "num_features")}
-    return bench.analytic_model_flops(image_shape, config["num_classes"], kernel, **architecture)
+    return analytic_model_flops(image_shape, config["num_classes"], kernel, **architecture)
 
 
 def _optional(function):
@@ -207,7 +209,7 @@ def run_tasks(task, emit):
             result = measure_point(task["scope"], task["kernel"], task["position"], patches, mode,
                                    task.get("fused", False), task["config"], task["steps"], task["max_seconds"])
         except Exception as err:  # recorded by the parent, which decides what to skip
-            status, detail = bench.failure(err)
+            status, detail = failure(err)
             result = dict(status=status, detail=detail)
         emit({"event": "result", "patches": patches, "mode": mode, **result})
         keras.backend.clear_session()
@@ -220,7 +222,7 @@ def run_tasks(task, emit):
 
 
 def run_series(scope, kernel, position, fused=False, patches=DEFAULT_PATCHES, modes=MODES, config=SCALING_CONFIG,
-               steps=3, max_seconds=20.0, isolate=True, time_limit_s=120, memory_limit_bytes=bench.DEFAULT_MEMORY_LIMIT,
+               steps=3, max_seconds=20.0, isolate=True, time_limit_s=120, memory_limit_bytes=DEFAULT_MEMORY_LIMIT,
                points_per_child=None, log=None):
     """One kernel x position over `patches`, each point in `modes`; returns the series record.
 
@@ -267,7 +269,7 @@ def run_series(scope, kernel, position, fused=False, patches=DEFAULT_PATCHES, mo
                 running.clear()
                 record(event["patches"], event["mode"], _strip(event))
 
-        status, detail = bench.run_in_child("profiles.scaling", task, time_limit_s, memory_limit_bytes, on_event)
+        status, detail = run_in_child("profiles.scaling", task, time_limit_s, memory_limit_bytes, on_event)
         if status != "ok" and not running and results[tuple(task["points"][0])] is None:
             running = [tuple(task["points"][0])]  # it died before its first point started
         if running:  # the child died inside a point: that point failed
@@ -354,4 +356,4 @@ if __name__ == "__main__":
     # runtime (thread pools, kernel caches) is not charged to the first point.
     _optional(lambda: measure_point("layer", "softmax", "absolute", 16, "train", steps=1))
     keras.backend.clear_session()
-    run_tasks(json.loads(sys.argv[1]), bench.emit)
+    run_tasks(json.loads(sys.argv[1]), emit)

@@ -13,7 +13,7 @@ import pytest
 
 import evaluate
 import train
-from performer_keras import benchmark
+from experiments import benchmark
 from profiles import __main__ as profiles_main
 from tuning import __main__ as tuning_main
 
@@ -38,8 +38,8 @@ CASES = {
     "train --epochs 0": (train.main, [*TINY, "--epochs", "0"], "--epochs"),
     "train --batch-size -3": (train.main, [*TINY, "--batch-size", "-3"], "--batch-size"),
     "train --seed -1": (train.main, [*TINY, "--seed", "-1"], "--seed"),
-    "train --learning-rate inf": (train.main, [*TINY, "--learning-rate", "inf"], "learning_rate"),
-    "train --learning-rate nan": (train.main, [*TINY, "--learning-rate", "nan"], "learning_rate"),
+    "train --learning-rate inf": (train.main, [*TINY, "--learning-rate", "inf"], "--learning-rate"),
+    "train --learning-rate nan": (train.main, [*TINY, "--learning-rate", "nan"], "--learning-rate"),
     "train --learning-rate 0": (train.main, [*TINY, "--learning-rate", "0"], "learning_rate"),
     "train --learning-rate abc": (train.main, [*TINY, "--learning-rate", "abc"], "--learning-rate"),
     "train --weight-decay -0.1": (train.main, [*TINY, "--weight-decay", "-0.1"], "weight_decay"),

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from performer_keras import aggregate, benchmark, report
-from performer_keras.benchmark_profiles import get_profile
-from performer_keras.evaluation import METRIC_KEYS
-from performer_keras.run_config import RunError
+from experiments import aggregate, benchmark, report
+from experiments.benchmark_profiles import get_profile
+from experiments.evaluation import METRIC_KEYS
+from experiments.run_config import RunError
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
@@ -154,8 +154,8 @@ def test_tuned_profile_takes_searched_hyperparameters_only(tmp_path):
 
 
 def test_no_benchmark_profile_limits_the_test_split():
-    from performer_keras.benchmark_profiles import PROFILES, Profile
-    from performer_keras.data import load_dataset
+    from experiments.benchmark_profiles import PROFILES, Profile
+    from experiments.data import load_dataset
 
     for name in PROFILES:
         profile = get_profile(name)
@@ -299,7 +299,7 @@ def test_paired_statistics_holm_and_interaction_by_hand(tmp_path):
 
 
 def test_killed_benchmark_resumes_and_aggregates(tmp_path, capsys):
-    command = [sys.executable, "-m", "performer_keras.benchmark", "--profile", "tiny", "--results-dir", str(tmp_path)]
+    command = [sys.executable, "-m", "experiments.benchmark", "--profile", "tiny", "--results-dir", str(tmp_path)]
     process = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     root = tmp_path / "tiny"
@@ -338,7 +338,7 @@ def test_killed_benchmark_resumes_and_aggregates(tmp_path, capsys):
     assert result["runs"] == {"planned": 4, "finished": 4, "missing": []}
 
     readme = (root / "README.md").read_text()
-    assert "python -m performer_keras.benchmark --profile tiny" in readme
+    assert "python -m experiments.benchmark --profile tiny" in readme
     assert f"{100 * statistics.mean(favor):.2f} ± {100 * statistics.stdev(favor):.2f}" in readme
     for name in ("pareto_mnist.png", "curves_mnist.png", "saliency_mnist.png"):
         assert (root / name).stat().st_size > 1000, name
@@ -346,7 +346,7 @@ def test_killed_benchmark_resumes_and_aggregates(tmp_path, capsys):
 
 
 def test_pilot_summary_by_hand(tmp_path):
-    from performer_keras import pilots
+    from experiments import pilots
 
     # Setting d16, seeds 0 and 1: best validation accuracy per run, 2 epochs of 900 s = 0.5 h each.
     best = {"softmax-absolute": (0.60, 0.62), "favor-absolute": (0.57, 0.60), "relu-absolute": (0.55, 0.56)}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from performer_keras import data
+from experiments import data
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Tests of performer_keras.evaluation, performer_keras.flops and evaluate.py.
+"""Tests of experiments.evaluation, experiments.flops and evaluate.py.
 
 Metrics are checked against numbers worked out by hand; FLOPs from the graph
 against the analytic count; evaluate() end to end on a fabricated run folder.
@@ -17,8 +17,10 @@ import pytest
 import tensorflow as tf
 
 import performer_keras
-from performer_keras.evaluation import EvaluationError, classification_metrics, evaluate, format_table, history_metrics
-from performer_keras.flops import analytic_attention_flops, count_flops, count_training_flops
+from experiments.evaluation import evaluate
+from experiments.metrics import classification_metrics, format_table, history_metrics
+from experiments.models import EvaluationError
+from experiments.flops import analytic_attention_flops, count_flops, count_training_flops
 
 REPO = Path(__file__).resolve().parent.parent
 # The contract of metrics.json, written out here rather than imported, so the
@@ -164,7 +166,7 @@ def test_jax_flops_match_analytic_count():
     """The JAX path (XLA cost analysis) runs in a subprocess: the backend is fixed at import."""
     script = (
         "import keras, performer_keras\n"
-        "from performer_keras.flops import count_flops\n"
+        "from experiments.flops import count_flops\n"
         "for kernel in ('softmax', 'favor'):\n"
         "    inputs = keras.Input((64, 32))\n"
         "    layer = performer_keras.KernelAttention(4, kernel, grid_size=None, num_features=16)\n"

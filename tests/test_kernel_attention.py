@@ -226,7 +226,7 @@ def build_with_random_parameters(seed=0, **kwargs):
 
 
 def check_against_reference(kernel, position, rope_mixed=False, positions=None, **kwargs):
-    layer = build_with_random_parameters(kernel=kernel, position=position, rope_mixed=rope_mixed, **kwargs)
+    layer = build_with_random_parameters(kernel_name=kernel, position=position, rope_mixed=rope_mixed, **kwargs)
     x = inputs(1)
     actual = to_numpy(layer(x) if positions is None else layer(x, positions=positions))
     expected = reference_attention(
@@ -281,16 +281,16 @@ def test_explicit_positions_argument_matches_reference(kernel, position):
 
 @pytest.mark.parametrize("kernel, position", [("softmax", "kerple"), ("favor", "kerple"), ("relu", "absolute")])
 def test_positions_argument_is_refused_where_it_cannot_be_used(kernel, position):
-    layer = build_with_random_parameters(kernel=kernel, position=position)
+    layer = build_with_random_parameters(kernel_name=kernel, position=position)
     with pytest.raises(ValueError, match="positions are used by the rotations"):
         layer(inputs(), positions=grid_positions(GRID)[::-1].astype("float32"))
 
 
 @pytest.mark.parametrize("position", ["absolute", "kerple", "rope"])
 def test_fused_softmax_matches_explicit(position):
-    explicit = build_with_random_parameters(kernel="softmax", position=position, rope_mixed=True)
+    explicit = build_with_random_parameters(kernel_name="softmax", position=position, rope_mixed=True)
     fused = KernelAttention(
-        num_heads=HEADS, kernel="softmax", position=position, grid_size=GRID, rope_mixed=True, fused=True
+        num_heads=HEADS, kernel_name="softmax", position=position, grid_size=GRID, rope_mixed=True, fused=True
     )
     x = inputs(2)
     fused(x)
@@ -322,13 +322,13 @@ def test_toeplitz_fft_matches_dense(grid, num_prefix):
     "kwargs, num_trainable, num_non_trainable",
     [
         # 4 Dense x (kernel, bias) = 8 trainable, plus what the position and kernel add.
-        pytest.param(dict(kernel="softmax", position="kerple"), 9, 0, id="softmax-kerple"),  # bias table
-        pytest.param(dict(kernel="favor", position="rope", rope_mixed=True), 9, 1, id="favor-rope_mixed"),
-        pytest.param(dict(kernel="relu", position="string"), 10, 1, id="relu-string"),  # 2 generators
-        pytest.param(dict(kernel="exp", position="absolute"), 8, 0, id="exp-absolute"),
-        pytest.param(dict(kernel="linformer", position="rope"), 10, 0, id="linformer-rope"),  # E and F
+        pytest.param(dict(kernel_name="softmax", position="kerple"), 9, 0, id="softmax-kerple"),  # bias table
+        pytest.param(dict(kernel_name="favor", position="rope", rope_mixed=True), 9, 1, id="favor-rope_mixed"),
+        pytest.param(dict(kernel_name="relu", position="string"), 10, 1, id="relu-string"),  # 2 generators
+        pytest.param(dict(kernel_name="exp", position="absolute"), 8, 0, id="exp-absolute"),
+        pytest.param(dict(kernel_name="linformer", position="rope"), 10, 0, id="linformer-rope"),  # E and F
         # Redraws add the step counter to the projection.
-        pytest.param(dict(kernel="favor", position="kerple", redraw_interval=3), 9, 2, id="favor-kerple-redraw"),
+        pytest.param(dict(kernel_name="favor", position="kerple", redraw_interval=3), 9, 2, id="favor-kerple-redraw"),
     ],
 )
 def test_layer_contract(kwargs, num_trainable, num_non_trainable, tmp_path):
@@ -341,3 +341,57 @@ def test_layer_contract(kwargs, num_trainable, num_non_trainable, tmp_path):
         expected_num_non_trainable_weights=num_non_trainable,
         tmp_path=tmp_path,
     )
+
+
+# === Kerple with a linear kernel: the dense and the FFT path. ===
+
+ODD_GRID = (5, 7)  # odd, not square: the FFT's padded grid and the offsets' signs are both exercised
+
+
+@pytest.mark.parametrize("kernel", ["favor", "relu", "exp"])
+@pytest.mark.parametrize("path", ["dense", "fft"])
+def test_both_kerple_paths_match_brute_force_on_an_odd_grid(kernel, path):
+    tokens = 1 + ODD_GRID[0] * ODD_GRID[1]
+    layer = KernelAttention(num_heads=HEADS, kernel_name=kernel, position="kerple", grid_size=ODD_GRID,
+                            num_features=NUM_FEATURES, seed=0, toeplitz_path=path)
+    x = np.random.default_rng(3).normal(size=(BATCH, tokens, WIDTH)).astype("float32")
+    layer(x)
+    rng = np.random.default_rng(4)
+    layer.toeplitz.bias.assign(rng.normal(size=layer.toeplitz.bias.shape).astype("float32") * 0.5)
+    for sub in (layer.query, layer.key, layer.value, layer.output_dense):
+        sub.bias.assign(rng.normal(size=sub.bias.shape).astype("float32") * 0.3)
+    assert layer.toeplitz_path_used == path
+    actual = to_numpy(layer(x))
+
+    x64 = x.astype("float64")
+    q, k, v = (split_heads(dense(sub, x64)) for sub in (layer.query, layer.key, layer.value))
+    q, k = (y / np.linalg.norm(y, axis=-1, keepdims=True) * np.sqrt(HEAD_DIM) for y in (q, k))
+    if kernel == "favor":
+        projection = to_numpy(layer.features.projection)
+        phi_q, phi_k = favor_reference(q, projection, True), favor_reference(k, projection, False)
+    elif kernel == "relu":
+        projection = to_numpy(layer.features.projection)
+        phi_q, phi_k = relu_reference(q, projection), relu_reference(k, projection)
+    else:
+        phi_q, phi_k = exp_reference(q, True), exp_reference(k, False)
+    weights = phi_q @ phi_k.swapaxes(-1, -2) * np.exp(toeplitz_bias(to_numpy(layer.toeplitz.bias), ODD_GRID))
+    out = (weights @ v) / weights.sum(axis=-1, keepdims=True)  # (batch, heads, N, d)
+    expected = dense(layer.output_dense, out.transpose(0, 2, 1, 3).reshape(BATCH, tokens, WIDTH))
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_auto_takes_the_dense_path_up_to_the_measured_crossover_and_fft_above():
+    from performer_keras.kernel_attention import DENSE_TOEPLITZ_MAX_TOKENS
+
+    # The largest grid of 32 columns at or under the crossover, and the next row past it.
+    rows = (DENSE_TOEPLITZ_MAX_TOKENS - 1) // 32
+    for grid, expected in (((rows, 32), "dense"), ((rows + 1, 32), "fft")):
+        assert (1 + grid[0] * grid[1] <= DENSE_TOEPLITZ_MAX_TOKENS) == (expected == "dense")
+        layer = KernelAttention(2, "favor", "kerple", grid_size=grid, num_features=4)
+        layer.build((None, 1 + grid[0] * grid[1], 8))
+        assert layer.toeplitz_path_used == expected
+    softmax = KernelAttention(2, "softmax", "kerple", grid_size=(2, 2))
+    softmax.build((None, 5, 8))
+    assert softmax.toeplitz_path_used is None
+    with pytest.raises(ValueError, match="Unknown toeplitz_path 'sparse'"):
+        KernelAttention(2, "favor", "kerple", grid_size=(2, 2), toeplitz_path="sparse")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import train
-from performer_keras import atomic
+from experiments import atomic
 
 REPO = Path(__file__).resolve().parent.parent
 EPOCHS = 5

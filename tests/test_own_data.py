@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import train
-from performer_keras import data
+from experiments import data
 
 TINY = ["--size", "tiny", "--batch-size", "16", "--epochs", "1", "--patch-size", "4"]
 

@@ -194,16 +194,16 @@ def test_kerple_bias_is_toeplitz():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        pytest.param(dict(kernel="gaussian"), r"Unknown kernel 'gaussian'.*'softmax'.*'linformer'", id="kernel"),
+        pytest.param(dict(kernel_name="gaussian"), r"Unknown kernel 'gaussian'.*'softmax'.*'linformer'", id="kernel"),
         pytest.param(dict(position="sinusoidal"), r"Unknown position 'sinusoidal'.*'absolute'.*'kerple'", id="position"),
-        pytest.param(dict(kernel="favor", num_features=0), r"num_features must be an integer >= 1, got 0", id="features-0"),
-        pytest.param(dict(kernel="favor", num_features=-3), r"num_features must be an integer >= 1, got -3", id="features-neg"),
-        pytest.param(dict(kernel="softmax", rotation_order="after"), r"rotation_order='after'.*'softmax'.*'before'", id="after-softmax"),
-        pytest.param(dict(kernel="favor", rotation_order="sideways"), r"Unknown rotation_order 'sideways'.*'before', 'after'", id="order"),
+        pytest.param(dict(kernel_name="favor", num_features=0), r"num_features must be an integer >= 1, got 0", id="features-0"),
+        pytest.param(dict(kernel_name="favor", num_features=-3), r"num_features must be an integer >= 1, got -3", id="features-neg"),
+        pytest.param(dict(kernel_name="softmax", rotation_order="after"), r"rotation_order='after'.*'softmax'.*'before'", id="after-softmax"),
+        pytest.param(dict(kernel_name="favor", rotation_order="sideways"), r"Unknown rotation_order 'sideways'.*'before', 'after'", id="order"),
         pytest.param(dict(position="rope"), r"position 'rope' needs grid_size", id="rope-no-grid"),
         pytest.param(dict(position="kerple"), r"position 'kerple' needs grid_size", id="kerple-no-grid"),
         pytest.param(
-            dict(kernel="linformer", position="kerple", grid_size=GRID),
+            dict(kernel_name="linformer", position="kerple", grid_size=GRID),
             r"kernel 'linformer'.*position one of \('absolute', 'rope', 'string'\)",
             id="linformer-kerple",
         ),
@@ -217,8 +217,8 @@ def test_bad_arguments_raise_at_construction(kwargs, match):
 @pytest.mark.parametrize(
     "kwargs",
     [
-        pytest.param(dict(kernel="softmax"), id="head-dim-6"),  # width 12, 2 heads: head_dim 6
-        pytest.param(dict(kernel="relu", num_features=6, rotation_order="after"), id="features-6"),
+        pytest.param(dict(kernel_name="softmax"), id="head-dim-6"),  # width 12, 2 heads: head_dim 6
+        pytest.param(dict(kernel_name="relu", num_features=6, rotation_order="after"), id="features-6"),
     ],
 )
 def test_rope_dimension_not_divisible_by_4_raises(kwargs):
@@ -241,9 +241,9 @@ RELOAD_SCRIPT = """
 import sys
 import numpy as np
 import keras
-import performer_keras  # registers the classes
+import performer_keras
 
-model = keras.saving.load_model(sys.argv[1])
+model = keras.saving.load_model(sys.argv[1], custom_objects=performer_keras.custom_objects())
 x = np.load(sys.argv[2])
 outputs = model.predict(x, verbose=0)
 np.savez(sys.argv[3], *outputs)

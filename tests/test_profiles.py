@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from profiles import bench, report, scaling
+from profiles import bench, report, scaling, traces
+from experiments.flops import analytic_model_flops
 from profiles.__main__ import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -189,7 +190,7 @@ def test_device_slug():
 
 
 def test_operation_names_fold_over_blocks():
-    fold = bench._fold_op_name
+    fold = traces._fold_op_name
     assert fold("gradient_tape/vit_favor_rope_1/block_3_attention_1/rope_3/MatMul_2") == "attention/rope/MatMul (backward)"
     assert fold("vit_favor_rope_1/block_0_mlp_hidden_1/MatMul") == "mlp_hidden/MatMul"
 
@@ -198,4 +199,4 @@ def test_analytic_model_flops_adds_up():
     # One block of 50 tokens at width 8, MLP 16, 2 heads, softmax, 7x7 patches of 4x4x1, 10 classes.
     config = dict(patch_size=4, width=8, depth=1, heads=2, mlp_dim=16)
     expected = 2 * 49 * 16 * 8 + (8 * 50 * 64 + 4 * 50 * 50 * 8) + 4 * 50 * 8 * 16 + 2 * 8 * 10
-    assert bench.analytic_model_flops((28, 28, 1), 10, "softmax", **config) == expected == 143_904
+    assert analytic_model_flops((28, 28, 1), 10, "softmax", **config) == expected == 143_904

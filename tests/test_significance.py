@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from performer_keras import significance
+from experiments import significance
 
 
 def test_paired_test_by_hand():

@@ -115,7 +115,7 @@ def test_export_serves_uint8_with_the_same_predictions(tmp_path):
     import keras
     import tensorflow as tf
 
-    from performer_keras.data import load_dataset
+    from experiments.data import load_dataset
 
     out, export = tmp_path / "run", tmp_path / "export"
     train_ok("--variant", "relu-rope", *TINY, "--epochs", "1", "--out", out, "--export", export)
@@ -220,25 +220,22 @@ def test_hparams_file_sets_the_run(tmp_path, capsys):
 
 
 def test_limit_all_lifts_the_limit_of_an_hparams_file(tmp_path):
-    import argparse
-
-    from performer_keras.run_config import RunConfig, RunError
+    from experiments.cli import RUN_OPTIONS, parser
+    from experiments.run_config import RunConfig
 
     hparams = tmp_path / "best_hparams.json"
     hparams.write_text(json.dumps({"limit": 400, "learning_rate": 0.002}))
-    parser = argparse.ArgumentParser()
-    train.add_run_arguments(parser)
-    parser.add_argument("--hparams")
+    cli = parser("test", None, *RUN_OPTIONS, "hparams")
 
     def config(*args):
-        return train.run_config_from_args(parser.parse_args(["--hparams", str(hparams), *args]), RunConfig, RunError)
+        return RunConfig.from_args(cli.parse_args(["--hparams", str(hparams), *args]))
 
     assert config().limit == 400
     assert config("--limit", "50").limit == 50
     lifted = config("--limit", "all")
     assert lifted.limit is None and lifted.learning_rate == 0.002
     with pytest.raises(SystemExit):
-        parser.parse_args(["--limit", "0"])
+        cli.parse_args(["--limit", "0"])
 
 
 def test_init_from_softmax_copies_shared_weights(softmax_run, tmp_path):

@@ -15,49 +15,23 @@ Bad input exits with code 2 and one line on stderr.
 """
 
 import argparse
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from experiments.cli import RUN_OPTIONS, UsageError, fail, parser
 
 PROG = "python -m tuning"
-
-
-class UsageError(ValueError):
-    """An argparse error, raised so that `main` prints it as one line."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
-def add_search_arguments(parser):
-    """The options shared by `python -m tuning` and `python -m tuning.sweep`."""
-    from train import add_run_arguments
-
-    add_run_arguments(parser)
-    parser.add_argument("--algorithm", default="hyperband", help="hyperband (default), bayesian or random")
-    parser.add_argument("--max-trials", type=int, help="at most N trials (default: 20, or one Hyperband iteration)")
-    parser.add_argument("--epochs", type=int, help="epochs per trial (Hyperband: of the longest trials)")
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--seed", type=int, help="seed of every trial and of the search")
-    parser.add_argument("--space", action="append", default=[], metavar="NAME=VALUES",
-                        help="narrow or widen a space: learning_rate=1e-4:1e-3 (log-uniform), "
-                             "num_features=32,64 (choice), redraw_interval=0 (fixed); repeatable")
-    parser.add_argument("--space-file", help="JSON {name: 'low:high' | [values] | value}; --space wins")
-    parser.add_argument("--quiet", action="store_true", help="no per-trial output")
+# The options of a search: the base run's (train.py's) and how it is searched.
+SEARCH_OPTIONS = (*RUN_OPTIONS, "algorithm", "max-trials", "space", "space-file", "quiet")
 
 
 def make_search(args, variant, strict=True):
     """The `Search` of `variant` that the parsed `args` describe."""
-    from performer_keras.run_config import RunConfig, RunError
-    from train import run_config_from_args
+    from experiments.run_config import RunConfig
     from tuning import search_spaces
     from tuning.search import Search, check_not_fixed
 
     args = argparse.Namespace(**{**vars(args), "variant": variant})
-    config = run_config_from_args(args, RunConfig, RunError)
+    config = RunConfig.from_args(args)
     overrides = search_spaces.parse_overrides(args.space, args.space_file)
     space = search_spaces.space_for(config, overrides, strict=strict)
     check_not_fixed(space, {name: getattr(args, name, None) for name in space})
@@ -67,32 +41,29 @@ def make_search(args, variant, strict=True):
 def exit_status(prog, command):
     """Run `command()` and return its exit status; a user error gives 2 and
     a search with no finished trial 1, each with one line on stderr."""
-    from performer_keras.data import DataError
-    from performer_keras.run_config import RunError
+    from experiments.data import DataError
+    from experiments.run_config import RunError
     from tuning.search import SearchError, SearchFailed
 
     try:
         return command()
     except (UsageError, SearchError, RunError, DataError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        return 2
+        return fail(prog, error)
     except SearchFailed as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 1
 
 
 def main(argv=None):
-    parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("variant_name", nargs="?", metavar="VARIANT", help="e.g. favor-rope (see train.py --list-variants)")
-    add_search_arguments(parser)
-    parser.add_argument("--out", help="results folder (default tuning_results/<dataset>/<variant>)")
-    parser.add_argument("--show-space", action="store_true", help="print the search space and exit")
-
-    from tuning import search_spaces
-    from tuning.search import default_out, run_search
+    cli = parser(PROG, __doc__, *SEARCH_OPTIONS, "out", "show-space")
+    cli.add_argument("variant_name", nargs="?", metavar="VARIANT", help="e.g. favor-rope (see train.py --list-variants)")
 
     def tune():
-        args = parser.parse_args(argv)
+        args = cli.parse_args(argv)
+        # The search loads KerasTuner and the backend, so it is imported once the command line parsed.
+        from tuning import search_spaces
+        from tuning.search import default_out, run_search
+
         if args.variant_name and (args.variant or args.attention or args.position):
             raise UsageError("give the variant once: VARIANT or --variant or --attention/--position")
         variant = args.variant_name or args.variant

@@ -1,10 +1,9 @@
 """The project's ViT as a KerasTuner `HyperModel`.
 
-`build(hp)` only samples names and numbers and calls the project's builder
-(`performer_keras.create_model`) through a `RunConfig`; `fit` trains with the
-project's input pipelines (`performer_keras.data`) and optimizer
-(`training.build_optimizer`). A trial is therefore the very run that
-`train.py` makes of the trial's `RunConfig`, without the crash-safe run folder.
+`build(hp)` only samples names and numbers into a `RunConfig` and calls the
+builder of train.py (`training.build_model`); `fit` calls its training loop
+(`training.fit_model`). A trial is therefore the very run that `train.py`
+makes of the trial's `RunConfig`, without the crash-safe run folder.
 """
 
 import dataclasses
@@ -12,8 +11,7 @@ import dataclasses
 import keras
 import keras_tuner
 
-from performer_keras import data, training
-from performer_keras.registry import create_model
+from experiments import training
 from tuning import search_spaces
 
 OBJECTIVE = "val_accuracy"
@@ -49,37 +47,14 @@ class VitHyperModel(keras_tuner.HyperModel):
         return dataclasses.replace(self.base_config, epochs=int(epochs), **values)
 
     def build(self, hp):
-        config = self.trial_config(hp)
-        return create_model(
-            config.variant,
-            image_shape=self.splits.image_shape,
-            num_classes=self.splits.num_classes,
-            mean=self.splits.mean,
-            std=self.splits.std,
-            **config.model_overrides(),
-        )
+        """The trial's compiled model, from the trial's seed."""
+        return training.build_model(self.trial_config(hp), self.splits)
 
     def fit(self, hp, model, callbacks=(), verbose=0, **kwargs):
         """Train `model` on the training split; validate on the fixed validation split.
 
         Returns the `History`; the objective is its best `val_accuracy`.
         """
-        config = self.trial_config(hp)
-        (x_train, y_train), (x_val, y_val) = self.splits.train, self.splits.validation
-        steps = data.steps_per_epoch(len(x_train), config.batch_size)
-        model.compile(
-            optimizer=training.build_optimizer(config, steps),
-            loss="sparse_categorical_crossentropy",
-            metrics=["accuracy"],
-        )
-        train_ds = data.train_pipeline(
-            x_train, y_train, config.batch_size, config.seed,
-            training.augmentation(config, self.splits), 0, config.epochs,
-        )
-        val_ds = data.eval_pipeline(x_val, y_val, config.batch_size)
         # A diverged trial stops and keeps the accuracy it had: a bad trial, not an error.
         callbacks = [training.EpochStats(), keras.callbacks.TerminateOnNaN(), *callbacks]
-        return model.fit(
-            train_ds, epochs=config.epochs, steps_per_epoch=steps, validation_data=val_ds,
-            callbacks=callbacks, verbose=verbose,
-        )
+        return training.fit_model(model, self.trial_config(hp), self.splits, callbacks, verbose=verbose)

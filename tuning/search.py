@@ -41,7 +41,7 @@ import keras
 import keras_tuner
 import numpy as np
 
-from performer_keras import atomic, data, training
+from experiments import atomic, data, training
 from performer_keras.options import check_choice
 from tuning import search_spaces
 from tuning.hypermodel import OBJECTIVE, VitHyperModel
@@ -167,18 +167,13 @@ def train_trial(hypermodel, hp, log_dir, csv_path, name, verbose=0):
     config = hypermodel.trial_config(hp)
     shutil.rmtree(log_dir, ignore_errors=True)  # what a killed attempt left behind
     keras.backend.clear_session()
-    previous_policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(config.precision)
-    try:
-        keras.utils.set_random_seed(config.seed)
+    with training.dtype_policy(config.precision):
         model = hypermodel.build(hp)
         training.log_hparams(log_dir, config, trial_id=name)
         history = hypermodel.fit(
             hp, model, verbose=verbose,
             callbacks=[keras.callbacks.CSVLogger(csv_path), keras.callbacks.TensorBoard(log_dir)],
         )
-    finally:
-        keras.config.set_dtype_policy(previous_policy)
     return best_epoch(history.history)
 
 

@@ -1,8 +1,9 @@
 """What the tuner searches, per kernel, in one readable place (STYLE rule 8).
 
-Every variant searches the optimizer's learning rate and weight decay; `favor`
-and `relu` also search their number of random features m, and `favor` how
-often it redraws them. A variant never searches what it does not use: softmax,
+Every variant searches the optimizer's learning rate and weight decay; a
+kernel also searches the options its `registry.Kernel.searched` names (from
+`KERNEL_OPTIONS`): `favor` and `relu` their number of random features m, and
+`favor` how often it redraws them. A variant never searches what it does not use: softmax,
 exp and linformer have no random features, and relu with `--deterministic`
 (phi(x) = ReLU(x), no projection) has none either.
 
@@ -39,7 +40,7 @@ Keys are `RunConfig` field names, so a trial's hyperparameters are a
 import dataclasses
 import json
 
-from performer_keras.options import KERNELS
+from performer_keras.registry import KERNEL_TABLE
 
 
 class SearchError(ValueError):
@@ -87,18 +88,17 @@ OPTIMIZER = {
     "learning_rate": LogUniform(1e-4, 3e-3),
     "weight_decay": LogUniform(1e-3, 0.3),
 }
-RANDOM_FEATURES = {"num_features": Choice((16, 32, 64, 128, 256))}
-# Steps between redraws of favor's projection; 0 keeps the first draw.
-REDRAW = {"redraw_interval": Choice((0, 100, 1000))}
-
-SEARCH_SPACES = {
-    "softmax": {**OPTIMIZER},
-    "favor": {**OPTIMIZER, **RANDOM_FEATURES, **REDRAW},
-    "relu": {**OPTIMIZER, **RANDOM_FEATURES},
-    "exp": {**OPTIMIZER},
-    "linformer": {**OPTIMIZER},
+# The kernel options a kernel may search (`registry.Kernel.searched`) and their ranges.
+KERNEL_OPTIONS = {
+    "num_features": Choice((16, 32, 64, 128, 256)),
+    # Steps between redraws of the projection; 0 keeps the first draw.
+    "redraw_interval": Choice((0, 100, 1000)),
 }
-assert set(SEARCH_SPACES) == set(KERNELS)
+
+
+def kernel_space(kernel):
+    """The default space of `kernel`: the optimizer, plus the kernel options its table entry searches."""
+    return {**OPTIMIZER, **{name: KERNEL_OPTIONS[name] for name in KERNEL_TABLE[kernel].searched}}
 
 # The type and the valid values of every hyperparameter a space may hold.
 VALUE_RULES = {
@@ -112,7 +112,7 @@ VALUE_RULES = {
 
 def default_space(config):
     """The space of `config`'s kernel (a `RunConfig`), less what its options switch off."""
-    space = dict(SEARCH_SPACES[config.attention])
+    space = kernel_space(config.attention)
     if config.attention == "relu" and config.deterministic:
         space.pop("num_features")  # phi(x) = ReLU(x) has no random features
     return space

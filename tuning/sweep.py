@@ -7,8 +7,8 @@ Each variant is searched (or its search resumed) in <out>/<variant>/ exactly
 as `python -m tuning VARIANT --out <out>/<variant>` would, with the same
 options for every variant; `--space` applies to the variants that use the
 hyperparameter. Then the best trial of each variant is trained again with
-`--seeds` more seeds (default 2: seed+1 and seed+2) in
-<out>/<variant>/seeds/seed_<s>/, so the table shows how much of a difference
+each of `--seeds` other than the search's own (default: the search's seed and
+the two after it) in <out>/<variant>/seeds/seed_<s>/, so the table shows how much of a difference
 between variants is seed-to-seed noise. Writes <out>/sweep.md and
 <out>/sweep.json (default <out>: tuning_results/<dataset>). Run again, it
 resumes: finished searches and seed runs are read back, not repeated.
@@ -16,16 +16,14 @@ resumes: finished searches and seed runs are read back, not repeated.
 Bad input exits with code 2 and one line on stderr.
 """
 
-import argparse
 import dataclasses
-import os
 import statistics
 import sys
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from tuning.__main__ import OneLineParser, UsageError, add_search_arguments, exit_status, make_search  # noqa: E402
+from experiments.cli import VARIANT_OPTIONS, UsageError, parser
+from performer_keras.registry import list_variants
+from tuning.__main__ import SEARCH_OPTIONS, exit_status, make_search
 
 PROG = "python -m tuning.sweep"
 
@@ -34,7 +32,7 @@ def retrain_best(out_dir, best, seed, splits, verbose=0):
     """Validation metrics of the best trial's config trained with `seed`; cached in seeds/seed_<s>/."""
     import keras_tuner
 
-    from performer_keras import atomic, training
+    from experiments import atomic, training
     from tuning.hypermodel import VitHyperModel
     from tuning.search import train_trial
 
@@ -54,9 +52,15 @@ def retrain_best(out_dir, best, seed, splits, verbose=0):
     return metrics
 
 
-def run_sweep(searches, root, extra_seeds=2, verbose=1):
-    """Search every variant, retrain each best trial with more seeds, write the table."""
-    from performer_keras import data
+def sweep_seeds(search, seeds=None):
+    """The seeds each best trial is measured with: `seeds`, by default the search's seed and the two after it."""
+    seed = search.base_config.seed
+    return list(dict.fromkeys(seeds)) if seeds else [seed, seed + 1, seed + 2]
+
+
+def run_sweep(searches, root, seeds=None, verbose=1):
+    """Search every variant, retrain each best trial with the other `seeds` (`sweep_seeds`), write the table."""
+    from experiments import data
     from tuning.search import run_search
 
     root = Path(root)
@@ -68,9 +72,10 @@ def run_sweep(searches, root, extra_seeds=2, verbose=1):
         result = run_search(search, out_dir, verbose=verbose, splits=splits)
         best = result["best"]
         base_seed = best["config"].seed
-        scores = {base_seed: best["val_accuracy"]}
-        for seed in range(base_seed + 1, base_seed + 1 + extra_seeds):
-            scores[seed] = retrain_best(out_dir, best, seed, splits, verbose=2 if verbose else 0)["val_accuracy"]
+        scores = {base_seed: best["val_accuracy"]} if base_seed in sweep_seeds(search, seeds) else {}
+        for seed in sweep_seeds(search, seeds):
+            if seed != base_seed:
+                    scores[seed] = retrain_best(out_dir, best, seed, splits, verbose=2 if verbose else 0)["val_accuracy"]
         values = list(scores.values())
         rows.append({
             "variant": search.base_config.variant,
@@ -84,30 +89,29 @@ def run_sweep(searches, root, extra_seeds=2, verbose=1):
             "hyperparameters": {name: getattr(best["config"], name) for name in sorted(search.space)},
         })
     rows.sort(key=lambda row: -row["mean"])
-    write_sweep(root, searches[0], extra_seeds, rows)
+    write_sweep(root, searches[0], sweep_seeds(searches[0], seeds), rows)
     return rows
 
 
-def write_sweep(root, search, extra_seeds, rows):
-    from performer_keras import atomic
+def write_sweep(root, search, seeds, rows):
+    from experiments import atomic
     from tuning.search import format_value
 
     atomic.write_json(root / "sweep.json", rows)
     config = search.base_config
     names = sorted({name for row in rows for name in row["hyperparameters"]})
-    seeds = 1 + extra_seeds
     lines = [
         f"# Sweep on {config.dataset}: the best setting of each variant",
         "",
         f"{search.algorithm} search per variant ({search.max_trials or 'one Hyperband iteration of'} trials), "
         f"size {config.size}, {config.epochs} epochs, limit {config.limit}; objective: best val_accuracy "
         "on the validation split.",
-        f"Spread: each best trial trained with {seeds} seeds ({config.seed} in the search, then "
-        f"{', '.join(str(config.seed + k) for k in range(1, seeds))}); mean, sample std, min and max over them."
-        if extra_seeds else "Spread: not measured (--seeds 0).",
+        f"Spread: each best trial measured with seeds {', '.join(map(str, seeds))} (seed {config.seed} is the "
+        "search's own result, the others are trained again); mean, sample std, min and max over them."
+        if len(seeds) > 1 else f"Spread: not measured (--seeds {seeds[0]}).",
         "",
     ]
-    header = ["variant", "trials", "best trial", "val_accuracy (search)", f"mean ± std ({seeds} seeds)", "min – max", *names]
+    header = ["variant", "trials", "best trial", "val_accuracy (search)", f"mean ± std ({len(seeds)} seeds)", "min – max", *names]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         scores = list(row["seed_val_accuracy"].values())
@@ -122,23 +126,16 @@ def write_sweep(root, search, extra_seeds, rows):
 
 
 def main(argv=None):
-    parser = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", nargs="+", required=True, metavar="VARIANT",
-                        help="variant names, or 'all' for the twelve of the comparison")
-    add_search_arguments(parser)
-    parser.add_argument("--seeds", type=int, default=2, help="more seeds for each best trial (default 2)")
-    parser.add_argument("--out", help="root folder (default tuning_results/<dataset>)")
-
-    from performer_keras import list_variants
-    from tuning import search_spaces
-    from tuning.search import SearchError, check_search_folder
+    options = [name for name in SEARCH_OPTIONS if name not in VARIANT_OPTIONS]
+    cli = parser(PROG, __doc__, "variants", *options, "seeds", "out")
 
     def sweep():
-        args = parser.parse_args(argv)
-        if args.variant or args.attention or args.position:
-            raise UsageError("give the variants with --variants, not --variant/--attention/--position")
-        if args.seeds < 0:
-            raise UsageError(f"--seeds must be >= 0, got {args.seeds}")
+        args = cli.parse_args(argv)
+        from tuning import search_spaces
+        from tuning.search import SearchError, check_search_folder
+
+        if not args.variants:
+            raise UsageError("give the variants to compare: --variants favor-rope relu-rope ... or --variants all")
         variants = list_variants() if args.variants == ["all"] else list(dict.fromkeys(args.variants))
         searches = [make_search(args, variant, strict=False) for variant in variants]
         unused = set(search_spaces.parse_overrides(args.space, args.space_file)) - {

@@ -20,13 +20,13 @@ used here on purpose: this is profiling code, not a layer.
 
 import keras
 
+from experiments.compiled import BACKENDS, compiled_forward
 from performer_keras.options import check_choice
+from performer_keras.registry import KERNEL_TABLE, KERNELS
 
-BACKENDS = ("tensorflow", "jax")
 # A SavedModel exported from the JAX backend is one XlaCallModule op holding
 # StableHLO; the profiler cannot look inside and would report 0 FLOPs.
 _OPAQUE_OPS = ("XlaCallModule",)
-LINEAR_FEATURE_KERNELS = ("favor", "relu")
 
 
 def count_flops(model, batch_size=1, training=False):
@@ -45,19 +45,15 @@ def count_flops(model, batch_size=1, training=False):
         return count_training_flops(model, "sparse_categorical_crossentropy", batch_size)
     backend = check_choice("backend", keras.backend.backend(), BACKENDS)
     spec = _input_spec(model, batch_size)
+    function, variables = compiled_forward(model)
     if backend == "tensorflow":
         import tensorflow as tf
 
-        function = tf.function(lambda images: model(images, training=False), autograph=False)
         return _profile_tf(function.get_concrete_function(tf.TensorSpec(*spec)))
 
     import jax
 
-    def forward(trainable, non_trainable, images):
-        outputs, _ = model.stateless_call(trainable, non_trainable, images, training=False)
-        return outputs
-
-    return _cost_jax(jax.jit(forward), model, jax.ShapeDtypeStruct(*spec))
+    return _cost_jax(function, model, jax.ShapeDtypeStruct(*spec))
 
 
 def count_training_flops(model, loss="sparse_categorical_crossentropy", batch_size=1):
@@ -130,10 +126,11 @@ def analytic_attention_flops(tokens, width, heads, kernel, num_features=64):
 
         projections (q, k, v, output Dense)        8 N D^2
         softmax    q k^T and weights v             4 N^2 D
-        favor/relu phi(q), phi(k): x W^T           4 N m D
+        random features (favor, relu; `Kernel.random`):
+                   phi(q), phi(k): x W^T           4 N m D
                    phi(k)^T v and phi(q) (kv)      4 N m D
                    normaliser phi(q) sum_j phi(k_j) 2 N m H
-        exp        as favor with m = d and no projection:  4 N d D + 2 N d H
+        other feature maps (exp): m = d, no projection: 4 N d D + 2 N d H
         linformer  E k and F v (k = num_features rows)  4 k N D
                    q (Ek)^T and weights (Fv)        4 N k D
 
@@ -146,24 +143,44 @@ def analytic_attention_flops(tokens, width, heads, kernel, num_features=64):
 
     Args:
         tokens: N. width: D. heads: H (D must divide by it).
-        kernel: one of softmax, favor, relu, exp, linformer.
+        kernel: a name of `registry.KERNEL_TABLE`.
         num_features: m for favor and relu; linformer_dim for linformer.
 
     Returns: int.
     """
-    check_choice("kernel", kernel, ("softmax", *LINEAR_FEATURE_KERNELS, "exp", "linformer"))
+    spec = KERNEL_TABLE[check_choice("kernel", kernel, KERNELS)]
     if width % heads:
         raise ValueError(f"width {width} must be divisible by heads={heads}")
-    n, d_model, m = tokens, width, num_features
+    n, d_model = tokens, width
     projections = 8 * n * d_model**2
-    if kernel == "softmax":
-        return projections + 4 * n * n * d_model
+    if spec.linear:
+        # Per head: phi(k)^T v and phi(q) (.) are 2 N m d each, the normaliser 2 N m;
+        # a random map also projects q and k onto m directions (2 x 2 N d m).
+        m = num_features if spec.random else d_model // heads
+        return projections + (8 if spec.random else 4) * n * m * d_model + 2 * n * m * heads
     if kernel == "linformer":
-        return projections + 8 * n * m * d_model
-    if kernel == "exp":
-        head_dim = d_model // heads
-        return projections + 4 * n * head_dim * d_model + 2 * n * head_dim * heads
-    return projections + 8 * n * m * d_model + 2 * n * m * heads
+        return projections + 8 * n * num_features * d_model
+    return projections + 4 * n * n * d_model
+
+
+def analytic_model_flops(image_shape, num_classes, attention, patch_size, width, depth, heads, mlp_dim,
+                         num_features=64, **_):
+    """Forward FLOPs of the ViT's matmuls on one image (2 per multiply-add).
+
+        patch embedding   2 P (p^2 C) D        P patches of p x p x C pixels
+        per block         `analytic_attention_flops`(N, D, H, kernel, m) + 4 N D mlp
+        head              2 D classes
+
+    with N = P + 1 tokens. Like `analytic_attention_flops` it leaves out
+    normalisation, biases, softmax and the rotations and FFTs of positions,
+    so the graph count comes out somewhat above it (far above for kerple's
+    FFTs on JAX; TensorFlow's profiler counts no FLOPs for FFT ops at all).
+    """
+    rows, cols, channels = image_shape
+    patches = (rows // patch_size) * (cols // patch_size)
+    tokens = patches + 1
+    block = analytic_attention_flops(tokens, width, heads, attention, num_features) + 4 * tokens * width * mlp_dim
+    return 2 * patches * patch_size**2 * channels * width + depth * block + 2 * width * num_classes
 
 
 def _input_spec(model, batch_size):

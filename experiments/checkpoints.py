@@ -30,7 +30,7 @@ from pathlib import Path
 
 import keras
 
-from performer_keras import atomic
+from experiments import atomic
 
 STATE_FILE = "state.json"
 # The newest state and the one before it: a corrupt newest file costs one epoch.

@@ -1,7 +1,7 @@
 """Which setting of the cpu profile opens a softmax-Performer gap? The pilots' summary.
 
-    python -m performer_keras.benchmark --profile pilot-d16      # and pilot-d32: the runs
-    python -m performer_keras.pilots                              # results/cpu-pilots/README.md + pilots.json
+    python -m experiments.benchmark --profile pilot-d16      # and pilot-d32: the runs
+    python -m experiments.pilots                              # results/cpu-pilots/README.md + pilots.json
 
 Each pilot (`benchmark_profiles.PILOTS`) trains softmax-absolute,
 favor-absolute and relu-absolute with 2 seeds. The pilots are judged on the
@@ -12,15 +12,15 @@ the paired gap softmax - kernel with its 95% interval, and the CPU hours a run
 took (sum of its epochs' seconds), so the gap per CPU hour can be compared.
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from performer_keras import atomic
-from performer_keras.cli import OneLineParser
-from performer_keras.aggregate import BASELINE, paired_difference, seed_folders, summarize
-from performer_keras.checkpoints import read_history as history_rows
+from experiments import atomic
+from experiments.benchmark_profiles import PILOTS
+from experiments.cli import fail, parser
+from experiments.aggregate import BASELINE, paired_difference, seed_folders, summarize
+from experiments.checkpoints import read_history as history_rows
 
 PILOT_ROOT = "cpu-pilots"
 
@@ -86,8 +86,8 @@ def render(summaries, singles=()):
         "Judged on the validation split only (best epoch's validation accuracy, percent); the gap is softmax-absolute "
         "minus the kernel, paired over seeds, in percentage points with its 95% Student-t interval; hours are the "
         "training time of one run on this 2-core CPU (TensorFlow), and gap per CPU hour divides the gap by the hours "
-        "of the softmax run plus the kernel's run. Made by `python -m performer_keras.pilots` from the run folders "
-        "below it; the runs by `python -m performer_keras.benchmark --profile pilot-<setting>` (one per setting). "
+        "of the softmax run plus the kernel's run. Made by `python -m experiments.pilots` from the run folders "
+        "below it; the runs by `python -m experiments.benchmark --profile pilot-<setting>` (one per setting). "
         "Which setting the `cpu` profile took, and why, is in its docstring (`performer_keras/benchmark_profiles.py`).", "",
         "| setting | settings that differ | variant | val. accuracy % (seeds) | gap to softmax, points [95% CI] | hours/run | gap per CPU hour |",
         "|---|---|---|---|---|---|---|",
@@ -117,16 +117,11 @@ def render(summaries, singles=()):
 
 
 def main(argv=None):
-    parser = OneLineParser(prog="pilots", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results-dir", default="results", help="parent of results/cpu-pilots/ (default results)")
-    args = parser.parse_args(argv)
-    from performer_keras.benchmark_profiles import PILOTS
-
+    args = parser("pilots", __doc__, "results-dir").parse_args(argv)
     root = Path(args.results_dir) / PILOT_ROOT
     summaries = [summarize_pilot(root, setting) for setting in PILOTS if (root / setting).is_dir()]
     if not summaries:
-        print(f"pilots: error: no pilot runs under {root}", file=sys.stderr)
-        return 2
+        return fail("pilots", f"no pilot runs under {root}")
     singles = single_runs(root, PILOTS)
     atomic.write_json(root / "pilots.json", {"pilots": summaries, "single_runs": singles}, indent=1, sort_keys=False)
     atomic.write_text(root / "README.md", render(summaries, singles))

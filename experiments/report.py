@@ -1,6 +1,6 @@
 """A benchmark's report: results/<profile>/README.md and its figures, from aggregate.json.
 
-    python -m performer_keras.report --profile small
+    python -m experiments.report --profile small
 
 re-aggregates the profile's run folders into aggregate.json (`aggregate.py`),
 then writes, every number taken from that JSON:
@@ -22,34 +22,24 @@ tf-keras-vis fails; the report says which. Figures use matplotlib's object
 API on the Agg canvas, never pyplot.
 """
 
-import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
 
-import numpy as np
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from performer_keras.aggregate import BASELINE  # noqa: E402
-from performer_keras import atomic  # noqa: E402
-from performer_keras.registry import MAIN_KERNELS  # noqa: E402
-
-DATASET_NAMES = {"mnist": "MNIST", "cifar10": "CIFAR-10"}
-SALIENCY_IMAGES = 4
-SMOOTH_SAMPLES = 16
-SMOOTH_NOISE = 0.1
-KERNEL_COLOURS = {"softmax": "tab:blue", "favor": "tab:orange", "relu": "tab:green", "exp": "tab:red", "linformer": "tab:purple"}
-POSITION_MARKERS = {"absolute": "o", "rope": "s", "string": "^", "kerple": "D"}
+from experiments import atomic
+from experiments.aggregate import BASELINE
+from experiments.benchmark import profile_root, selected_jobs, write_aggregate
+from experiments.benchmark_figures import dataset_name, plot_curves, plot_pareto
+from experiments.benchmark_profiles import PROFILES, get_profile
+from experiments.cli import SELECTION_OPTIONS, fail, parser
+from experiments.markdown import table_lines
+from experiments.run_config import RunError
+from experiments.saliency import SALIENCY_IMAGES, plot_saliency
+from performer_keras.registry import POSITIONS, main_kernels
 
 
 # === Formatting ===
-
-
-def _dataset_name(dataset):
-    return DATASET_NAMES.get(dataset, dataset)
 
 
 def _pct(value, digits=2):
@@ -123,13 +113,6 @@ def _epochs_to(cell):
     return " / ".join(parts)
 
 
-def table_lines(header, rows):
-    """The lines of a Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
-    return lines
-
-
 def detail_table(cells):
     header = ["variant", "accuracy % (mean ± std)", "95% CI", "test SE %", "min–max", "macro F1 %", "NLL nats/img",
               "ECE %", "log-lik.", "AIC", "BIC", "params", "MFLOPs/img", "s/epoch", "ms/img b1", "ms/img b256",
@@ -154,178 +137,6 @@ def detail_table(cells):
     return table_lines(header, rows)
 
 
-# === Figures ===
-
-
-def _figure(width, height):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height))
-    FigureCanvasAgg(figure)
-    return figure
-
-
-def _style(variant):
-    kernel, _, position = variant.partition("-")
-    return KERNEL_COLOURS.get(kernel, "black"), POSITION_MARKERS.get(position, "x")
-
-
-def pareto_front(points):
-    """Indices of the points (latency, accuracy) no other point beats on both (lower latency, higher accuracy)."""
-    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
-    front, best = [], -math.inf
-    for i in order:
-        if points[i][1] > best:
-            front.append(i)
-            best = points[i][1]
-    return front
-
-
-def plot_pareto(cells, dataset, path):
-    """Test accuracy (mean, std bars) against batch-1 latency per image, front joined."""
-    done = [c for c in cells if c["test_accuracy"] and c["latency_ms_batch1"]]
-    if not done:
-        return False
-    figure = _figure(7.5, 5)
-    axes = figure.add_subplot()
-    points = [(c["latency_ms_batch1"]["mean"], c["test_accuracy"]["mean"]) for c in done]
-    for c, (x, y) in zip(done, points):
-        colour, marker = _style(c["variant"])
-        axes.errorbar(x, 100 * y, yerr=100 * (c["test_accuracy"]["std"] or 0), fmt=marker, color=colour, capsize=3)
-        axes.annotate(c["label"], (x, 100 * y), textcoords="offset points", xytext=(4, 3), fontsize=7)
-    front = pareto_front(points)
-    axes.step([points[i][0] for i in front], [100 * points[i][1] for i in front], where="post",
-              color="grey", linestyle="--", marker="o", markerfacecolor="none", markersize=12, label="Pareto front")
-    latencies = [x for x, _ in points]
-    log_scale = max(latencies) / min(latencies) > 5
-    if log_scale:
-        from matplotlib.ticker import NullFormatter, ScalarFormatter
-
-        axes.set_xscale("log")
-        axes.xaxis.set_major_formatter(ScalarFormatter())
-        axes.xaxis.set_minor_formatter(NullFormatter())
-    axes.set(xlabel=f"inference latency, ms per image (batch 1{', log scale' if log_scale else ''})",
-             ylabel="test accuracy %", title=f"{_dataset_name(dataset)}: accuracy against latency (mean ± std over seeds)")
-    axes.legend(loc="lower right")
-    figure.tight_layout()
-    atomic.save_figure(figure, path, dpi=110)
-    return True
-
-
-def plot_curves(cells, dataset, path):
-    """Validation accuracy per epoch, one panel per kernel, mean line and ±std band per position."""
-    from matplotlib.ticker import MaxNLocator
-
-    with_curves = [c for c in cells if c["val_accuracy_curve"]["epochs"]]
-    kernels = list(dict.fromkeys(c["variant"].partition("-")[0] for c in with_curves))
-    if not kernels:
-        return False
-    columns = min(3, len(kernels))
-    rows = math.ceil(len(kernels) / columns)
-    figure = _figure(4.5 * columns, 3.6 * rows + 0.4)
-    first = None
-    for index, kernel in enumerate(kernels, 1):
-        axes = figure.add_subplot(rows, columns, index, sharey=first)
-        first = first or axes
-        for c in (c for c in with_curves if c["variant"].startswith(kernel + "-")):
-            curve = c["val_accuracy_curve"]
-            position = c["variant"].partition("-")[2]
-            mean, std = 100 * np.array(curve["mean"]), 100 * np.array(curve["std"])
-            colour = f"C{list(POSITION_MARKERS).index(position)}"
-            axes.plot(curve["epochs"], mean, marker=POSITION_MARKERS[position], color=colour, markersize=4,
-                      label=f"{c['label']} ({len(c['seeds']['finished'])} seeds)")
-            axes.fill_between(curve["epochs"], mean - std, mean + std, color=colour, alpha=0.2)
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axes.set(title=kernel, xlabel="epoch", ylabel="validation accuracy %")
-        axes.legend(fontsize=7, loc="lower right")
-    figure.suptitle(f"{_dataset_name(dataset)}: validation accuracy, mean and ±std band over seeds")
-    figure.tight_layout()
-    atomic.save_figure(figure, path, dpi=110)
-    return True
-
-
-def saliency_maps(model, images, labels):
-    """(maps, method) for `images` and their true `labels`, maps in [0, 1].
-
-    SmoothGrad (`SMOOTH_SAMPLES` noisy copies) of the class score, softmax
-    replaced by identity, with tf-keras-vis; if tf-keras-vis fails on this
-    Keras 3 model, the absolute input gradient of the class probability
-    through tf.GradientTape (max over channels, scaled per image to [0, 1]).
-    """
-    import tensorflow as tf
-
-    images = images.astype("float32")
-    try:
-        from tf_keras_vis.saliency import Saliency
-        from tf_keras_vis.utils.model_modifiers import ReplaceToLinear
-        from tf_keras_vis.utils.scores import CategoricalScore
-
-        saliency = Saliency(model, model_modifier=ReplaceToLinear(), clone=True)
-        maps = saliency(CategoricalScore([int(y) for y in labels]), images,
-                        smooth_samples=SMOOTH_SAMPLES, smooth_noise=SMOOTH_NOISE)
-        return np.asarray(maps), f"tf-keras-vis SmoothGrad ({SMOOTH_SAMPLES} samples, noise {SMOOTH_NOISE})"
-    except Exception as error:  # noqa: BLE001 - any failure of the library falls back to the plain gradient
-        fallback = f"plain input gradient (tf.GradientTape); tf-keras-vis failed: {type(error).__name__}"
-    x = tf.convert_to_tensor(images)
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        chosen = tf.gather(model(x, training=False), labels, axis=1, batch_dims=1)
-    maps = tf.reduce_max(tf.abs(tape.gradient(chosen, x)), axis=-1).numpy()
-    maps = maps / np.maximum(maps.reshape(len(maps), -1).max(axis=1)[:, None, None], 1e-12)
-    return maps, fallback
-
-
-def plot_saliency(cells, dataset, root, path):
-    """Saliency of the first test images for every row with a checkpoint (its first finished seed).
-
-    Returns (drawn: bool, note: str).
-    """
-    import keras
-
-    if not any(c["seeds"]["finished"] for c in cells):
-        return False, "not drawn: no finished run"
-    if keras.backend.backend() != "tensorflow":
-        return False, f"not drawn: saliency maps need the TensorFlow backend (this report ran on {keras.backend.backend()})"
-    checkpoints = []
-    for c in cells:
-        for seed in c["seeds"]["finished"]:
-            checkpoint = Path(root) / c["directory"] / f"seed{seed}" / "best.keras"
-            if checkpoint.is_file():
-                checkpoints.append((f"{c['label']} s{seed}", checkpoint, c["config"]))
-                break
-    if not checkpoints:
-        return False, ("not drawn: no best.keras checkpoint (checkpoints are not committed; "
-                       "run the benchmark command above to remake them)")
-    from performer_keras.data import load_dataset
-
-    splits = load_dataset(dataset, limit=checkpoints[0][2].get("limit"))
-    images, labels = splits.test[0][:SALIENCY_IMAGES], splits.test[1][:SALIENCY_IMAGES]
-    columns = 1 + len(checkpoints)
-    figure = _figure(1.35 * columns, 1.45 * len(images) + 0.6)
-    methods = set()
-    panels = []
-    for title, checkpoint, _ in checkpoints:
-        maps, method = saliency_maps(keras.models.load_model(checkpoint), images, labels)
-        methods.add(method)
-        panels.append((title, maps))
-    for row, image in enumerate(images):
-        axes = figure.add_subplot(len(images), columns, row * columns + 1)
-        axes.imshow(image.squeeze(), cmap="gray" if image.shape[-1] == 1 else None)
-        axes.set_axis_off()
-        if row == 0:
-            axes.set_title("image", fontsize=7)
-        for column, (title, maps) in enumerate(panels, 2):
-            axes = figure.add_subplot(len(images), columns, row * columns + column)
-            axes.imshow(maps[row], cmap="jet", vmin=0, vmax=1)
-            axes.set_axis_off()
-            if row == 0:
-                axes.set_title(title, fontsize=6, rotation=30)
-    figure.tight_layout()
-    atomic.save_figure(figure, path, dpi=110)
-    return True, "; ".join(sorted(methods))
-
-
 # === The report ===
 
 
@@ -338,7 +149,7 @@ def _datasets(cells):
 
 
 def _is_main(cell):
-    return cell["variant"].partition("-")[0] in MAIN_KERNELS
+    return cell["variant"].partition("-")[0] in main_kernels()
 
 
 def main_table(aggregated):
@@ -348,7 +159,7 @@ def main_table(aggregated):
     variants = list(dict.fromkeys(c["variant"] for c in cells))
     index = {(c["dataset"], c["variant"]): c for c in cells}
     rows = [[v] + [accuracy_text(index[(d, v)]) if (d, v) in index else "not planned" for d in datasets] for v in variants]
-    return table_lines(["variant"] + [f"{_dataset_name(d)} test accuracy %, mean ± std [95% CI] (seeds)" for d in datasets], rows)
+    return table_lines(["variant"] + [f"{dataset_name(d)} test accuracy %, mean ± std [95% CI] (seeds)" for d in datasets], rows)
 
 
 def gap_table(aggregated):
@@ -358,7 +169,7 @@ def gap_table(aggregated):
     index = {(c["dataset"], c["variant"]): c for c in cells}
     header = ["variant"]
     for d in datasets:
-        name = _dataset_name(d)
+        name = dataset_name(d)
         header += [f"{name}: Δ vs {BASELINE}", f"{name}: Δ vs softmax, same position", f"{name}: Δ vs same kernel, absolute"]
     rows = []
     for v in variants:
@@ -409,7 +220,7 @@ def verdict_lines(aggregated):
     )
     lines = []
     for dataset in _datasets(cells):
-        lines.append(f"- {_dataset_name(dataset)}:")
+        lines.append(f"- {dataset_name(dataset)}:")
         for title, key, absolute in questions:
             groups = {}
             for c in cells:
@@ -427,7 +238,7 @@ def interaction_table(aggregated):
     index = {(c["dataset"], c["variant"]): c for c in cells}
     variants = list(dict.fromkeys(c["variant"] for c in cells))
     rows = [[v] + [test_text(index[(d, v)]["interaction"]) if (d, v) in index else "–" for d in datasets] for v in variants]
-    return table_lines(["variant"] + [f"{_dataset_name(d)}: gap closed, points" for d in datasets], rows)
+    return table_lines(["variant"] + [f"{dataset_name(d)}: gap closed, points" for d in datasets], rows)
 
 
 def family_line(aggregated):
@@ -449,7 +260,7 @@ def answer_lines(aggregated):
         for kernel in ("favor", "relu"):
             parts = []
             base = index.get((dataset, f"{kernel}-absolute"))
-            for position in POSITION_MARKERS:
+            for position in POSITIONS:
                 c = index.get((dataset, f"{kernel}-{position}"))
                 if c is None:
                     continue
@@ -467,7 +278,7 @@ def answer_lines(aggregated):
                     text += f" ({cost} vs {kernel}-absolute)"
                 parts.append(text)
             if parts:
-                lines.append(f"- {_dataset_name(dataset)}, {kernel}: " + "; ".join(parts) + ".")
+                lines.append(f"- {dataset_name(dataset)}, {kernel}: " + "; ".join(parts) + ".")
     return lines
 
 
@@ -479,14 +290,14 @@ def ablation_lines(aggregated):
         index = {(c["dataset"], c["variant"], c["setting"]["num_features"]): c for c in cells}
         rows = []
         for dataset, variant in dict.fromkeys((c["dataset"], c["variant"]) for c in cells):
-            rows.append([_dataset_name(dataset), variant] + [
+            rows.append([dataset_name(dataset), variant] + [
                 accuracy_text(index[(dataset, variant, m)]) if (dataset, variant, m) in index else "–" for m in values
             ])
         lines += ["## Ablation: number of random features m", "",
                   "Test accuracy %, mean ± std [95% CI] (seeds); the profile's own m is the variant row above.", ""]
         lines += table_lines(["dataset", "variant"] + [f"m = {m}" for m in values], rows) + [""]
         latency_rows = [
-            [_dataset_name(d), v] + [_mean(index[(d, v, m)]["latency_ms_batch1"], digits=3) if (d, v, m) in index else "–" for m in values]
+            [dataset_name(d), v] + [_mean(index[(d, v, m)]["latency_ms_batch1"], digits=3) if (d, v, m) in index else "–" for m in values]
             for d, v in dict.fromkeys((c["dataset"], c["variant"]) for c in cells)
         ]
         lines += ["Inference ms per image (batch 1):", ""]
@@ -495,7 +306,7 @@ def ablation_lines(aggregated):
     if cells:
         scratch = {(c["dataset"], c["variant"]): c for c in _by(aggregated["cells"], "variants")}
         rows = [
-            [_dataset_name(c["dataset"]), c["variant"],
+            [dataset_name(c["dataset"]), c["variant"],
              accuracy_text(scratch[(c["dataset"], c["variant"])]) if (c["dataset"], c["variant"]) in scratch else "–",
              accuracy_text(c), gap_text(c.get("gain_over_scratch"))]
             for c in cells
@@ -579,7 +390,7 @@ def render(aggregated, figures):
     ]
     for dataset in datasets:
         rows = _by(cells, "variants", dataset)
-        lines += [f"## {_dataset_name(dataset)} in detail", "",
+        lines += [f"## {dataset_name(dataset)} in detail", "",
                   "Test SE: the binomial sampling error sqrt(a (1 − a) / n) of the mean accuracy on the n test images "
                   "(every seed is scored on the same images, so more seeds do not shrink it). NLL (mean negative "
                   "log-likelihood per test image, nats) and ECE (expected calibration error, 15 confidence bins) are "
@@ -599,9 +410,9 @@ def render(aggregated, figures):
         for name, title in (("pareto", "Accuracy against inference latency"),
                             ("curves", "Validation curves"), ("saliency", "Saliency maps")):
             drawn, note = figures.get(f"{name}_{dataset}", (False, "not drawn: no finished run"))
-            lines += [f"**{title}, {_dataset_name(dataset)}.** {note}", ""]
+            lines += [f"**{title}, {dataset_name(dataset)}.** {note}", ""]
             if drawn:
-                lines += [f"![{title}, {_dataset_name(dataset)}]({name}_{dataset}.png)", ""]
+                lines += [f"![{title}, {dataset_name(dataset)}]({name}_{dataset}.png)", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -617,7 +428,7 @@ def render_readme_section(reports):
     lines = ["## Results", ""]
     for aggregated, report_path in reports:
         settings = ", ".join(f"{k} {v}" for k, v in aggregated["settings"].items())
-        epochs = ", ".join(f"{_dataset_name(d)} {e}" for d, e in aggregated["epochs"].items())
+        epochs = ", ".join(f"{dataset_name(d)} {e}" for d, e in aggregated["epochs"].items())
         runs = aggregated["runs"]
         commands = aggregated["commands"]
         seeds = ", ".join(map(str, aggregated["seeds"]))
@@ -651,8 +462,6 @@ def render_readme_section(reports):
 
 def write_readme_section(results_dir):
     """README_SECTION.md in `results_dir` from every results/<profile>/aggregate.json there."""
-    from performer_keras.benchmark_profiles import PROFILES
-
     results_dir = Path(results_dir)
     reports = [
         (json.loads(path.read_text()), os.path.relpath(path.parent / "README.md", results_dir.parent))
@@ -695,21 +504,12 @@ def write_report(aggregated, root, results_dir=None):
 
 
 def main(argv=None):
-    from performer_keras.benchmark import add_selection_arguments, profile_root, selected_jobs, write_aggregate
-    from performer_keras.benchmark_profiles import get_profile
-    from performer_keras.run_config import RunError
-
-    from performer_keras.cli import OneLineParser
-
-    parser = OneLineParser(prog="report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_selection_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parser("report", __doc__, *SELECTION_OPTIONS).parse_args(argv)
     try:
         profile = get_profile(args.profile)
         selected = selected_jobs(args, profile)
     except (RunError, ValueError) as error:
-        print(f"report: error: {error}", file=sys.stderr)
-        return 2
+        return fail("report", error)
     root = profile_root(args.results_dir, profile)
     write_aggregate(profile, args.results_dir, selected)
     aggregated = json.loads((root / "aggregate.json").read_text())

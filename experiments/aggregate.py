@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from performer_keras import atomic, significance
-from performer_keras.registry import MAIN_KERNELS
+from experiments import atomic, significance
+from performer_keras.registry import main_kernels
 
 CONFIDENCE = significance.CONFIDENCE
 BASELINE = "softmax-absolute"
@@ -225,7 +225,7 @@ def family(cells):
     members = []
     for cell in cells:
         kernel, _, position = cell["variant"].partition("-")
-        if cell["experiment"] != "variants" or kernel not in MAIN_KERNELS or cell["variant"] == BASELINE:
+        if cell["experiment"] != "variants" or kernel not in main_kernels() or cell["variant"] == BASELINE:
             continue
         for key in COMPARISONS:
             repeated = (position == "absolute" and key == "gap_to_softmax_same_position") or (

@@ -28,10 +28,11 @@ from pathlib import Path
 
 import keras
 
-from performer_keras import checkpoints, data
-from performer_keras.atomic import write_json
+import performer_keras
+from experiments import checkpoints, data
+from experiments.atomic import write_json
 from performer_keras.registry import create_model
-from performer_keras.run_config import RunError
+from experiments.run_config import RunError
 
 
 class TrainingDiverged(RuntimeError):
@@ -114,7 +115,7 @@ def record_provenance(out_dir, start_epoch):
 def load_checkpoint(checkpoint):
     """The model saved in `checkpoint`; RunError (one line) if it cannot be read."""
     try:
-        return keras.models.load_model(checkpoint)
+        return keras.models.load_model(checkpoint, custom_objects=performer_keras.custom_objects())
     except Exception as error:  # any unreadable file is a user error
         raise RunError(f"cannot read --init-from checkpoint {checkpoint}: {type(error).__name__}: {error}".splitlines()[0]) from None
 
@@ -178,7 +179,7 @@ def train(config, out_dir, verbose="auto", export_dir=None):
         RunError: bad input; nothing existing was touched.
         TrainingDiverged: the loss became NaN or Inf.
     """
-    from performer_keras import evaluation
+    from experiments import evaluation
 
     out_dir = check_run_folder(config, out_dir)
     if (out_dir / "metrics.json").exists():
@@ -193,16 +194,17 @@ def train(config, out_dir, verbose="auto", export_dir=None):
         source = load_checkpoint(config.init_from) if config.init_from else None
         if source is not None:
             with dtype_policy(config.precision):
-                copy_shared_weights(_create(config, splits), source, config.init_from, partial=config.init_from_partial)
+                copy_shared_weights(build_model(config, splits), source, config.init_from, partial=config.init_from_partial)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json(out_dir / "config.json", config.to_dict())
         _train_model(config, splits, source, out_dir, verbose)
     if not (out_dir / "throughput.json").exists():
         write_throughput(config, splits or data.load_dataset(config.dataset, limit=config.limit), out_dir)
     if export_dir is not None:
-        from performer_keras.export import export_saved_model
+        from experiments.export import export_saved_model
 
-        export_saved_model(keras.models.load_model(out_dir / "best.keras"), export_dir)
+        best = keras.models.load_model(out_dir / "best.keras", custom_objects=performer_keras.custom_objects())
+        export_saved_model(best, export_dir)
     return evaluation.evaluate(out_dir)
 
 
@@ -230,16 +232,43 @@ def dtype_policy(precision):
         keras.config.set_dtype_policy(previous)
 
 
-def _create(config, splits):
-    """The run's model, seeded, not compiled."""
+def build_model(config, splits):
+    """The run's model, compiled, from the run's seed: every call gives the same initial weights.
+
+    The same builder serves train.py, the benchmark and every tuner trial;
+    call it inside `dtype_policy(config.precision)`.
+    """
     keras.utils.set_random_seed(config.seed)
-    return create_model(
+    model = create_model(
         config.variant,
         image_shape=splits.image_shape,
         num_classes=splits.num_classes,
         mean=splits.mean,
         std=splits.std,
         **config.model_overrides(),
+    )
+    steps = data.steps_per_epoch(len(splits.train[0]), config.batch_size)
+    model.compile(optimizer=build_optimizer(config, steps), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def fit_model(model, config, splits, callbacks, initial_epoch=0, verbose=0):
+    """Train `model` from `initial_epoch` to `config.epochs` on the training split, validating on the validation split.
+
+    Epoch k's order and augmentation depend on (seed, k) alone
+    (`data.train_pipeline`), so a resumed run sees the very batches of an
+    uninterrupted one. Returns Keras' `History`.
+    """
+    (x_train, y_train), (x_val, y_val) = splits.train, splits.validation
+    steps = data.steps_per_epoch(len(x_train), config.batch_size)
+    train_ds = data.train_pipeline(
+        x_train, y_train, config.batch_size, config.seed, augmentation(config, splits), initial_epoch, config.epochs
+    )
+    val_ds = data.eval_pipeline(x_val, y_val, config.batch_size)
+    return model.fit(
+        train_ds, epochs=config.epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
+        validation_data=val_ds, callbacks=callbacks, verbose=verbose,
+        shuffle=False,  # the pipeline shuffles per (seed, epoch)
     )
 
 
@@ -249,28 +278,17 @@ def _train_model(config, splits, source, out_dir, verbose):
 
 
 def _fit(config, splits, source, out_dir, verbose):
-    (x_train, y_train), (x_val, y_val) = splits.train, splits.validation
-    steps = data.steps_per_epoch(len(x_train), config.batch_size)
-
-    def build_model():
-        model = _create(config, splits)
+    def build():
+        model = build_model(config, splits)
         if source is not None:
             write_json(out_dir / "init_from.json", copy_shared_weights(model, source, config.init_from,
                                                                        partial=config.init_from_partial))
-        model.compile(
-            optimizer=build_optimizer(config, steps),
-            loss="sparse_categorical_crossentropy",
-            metrics=["accuracy"],
-        )
         return model
 
     backup_dir = out_dir / "backup"
-    model, start_epoch = checkpoints.restore(build_model, backup_dir, log=lambda line: print(line, file=sys.stderr))
+    model, start_epoch = checkpoints.restore(build, backup_dir, log=lambda line: print(line, file=sys.stderr))
     best_so_far = checkpoints.cut_history(out_dir / "history.csv", start_epoch)
     record_provenance(out_dir, start_epoch)
-    augment = augmentation(config, splits)
-    train_ds = data.train_pipeline(x_train, y_train, config.batch_size, config.seed, augment, start_epoch, config.epochs)
-    val_ds = data.eval_pipeline(x_val, y_val, config.batch_size)
 
     log_dir = out_dir / "logs"
     if start_epoch == 0:
@@ -285,11 +303,7 @@ def _fit(config, splits, source, out_dir, verbose):
         checkpoints.KillSafeBackup(backup_dir),
     ]
     try:
-        model.fit(
-            train_ds, epochs=config.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,
-            validation_data=val_ds, callbacks=callbacks, verbose=verbose,
-            shuffle=False,  # the pipeline shuffles per (seed, epoch)
-        )
+        fit_model(model, config, splits, callbacks, initial_epoch=start_epoch, verbose=verbose)
     except RuntimeError as error:
         if "NaN or Inf loss" not in str(error):
             raise

@@ -4,18 +4,17 @@ A profile is a function returning a `Profile`; its docstring says the command,
 the expected time and the expected accuracy, and becomes the header of the
 profile's report. `get_profile(name)` resolves a name.
 
-    python -m performer_keras.benchmark --profile small      # the CPU comparison
-    python -m performer_keras.report --profile small         # its results/small/README.md
+    python -m experiments.benchmark --profile small      # the CPU comparison
+    python -m experiments.report --profile small         # its results/small/README.md
 """
 
 import dataclasses
 import inspect
-import json
 from pathlib import Path
 
-from performer_keras.options import POSITIONS, check_choice
-from performer_keras.registry import MAIN_KERNELS, list_variants
-from performer_keras.run_config import RunConfig, RunError
+from performer_keras.options import check_choice
+from performer_keras.registry import POSITIONS, list_variants, main_kernels
+from experiments.run_config import RunConfig, RunError, read_hparams
 
 EXTRA_VARIANTS = tuple(v for v in list_variants(extra=True) if v not in list_variants())
 NUM_FEATURES_ABLATION = (16, 32, 64, 128, 256)
@@ -114,15 +113,7 @@ def read_tuned_hparams(path):
     profile keeps its own size, epochs and data. A flat JSON object of RunConfig
     fields (no "searched") is taken whole.
     """
-    try:
-        loaded = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as error:
-        raise RunError(f"cannot read tuned hyperparameters {path}: {error}") from None
-    hparams = loaded.get("hyperparameters", loaded)
-    searched = loaded.get("searched", list(hparams))
-    unknown = sorted(set(searched) - set(RunConfig.fields()))
-    if unknown:
-        raise RunError(f"{path} searched unknown RunConfig fields {unknown}")
+    hparams, searched = read_hparams(path, "tuned hyperparameters")
     return {name: hparams[name] for name in searched if name not in ("variant", "dataset", "seed", "epochs")}
 
 
@@ -140,7 +131,7 @@ def reference():
     and favor, relu, linformer (absolute) started from the softmax-absolute run.
 
     Command (a GPU machine, JAX backend of Keras):
-        KERAS_BACKEND=jax python -m performer_keras.benchmark --profile reference
+        KERAS_BACKEND=jax python -m experiments.benchmark --profile reference
     Expected time: not measured (no GPU run has been made yet); the favor and
         relu + kerple rows cost the most (the Toeplitz FFT over m (d + 1)
         channels per head).
@@ -188,7 +179,7 @@ def small():
     profile's GPU path, so both tables run the same code.
 
     Command:
-        KERAS_BACKEND=jax python -m performer_keras.benchmark --profile small
+        KERAS_BACKEND=jax python -m experiments.benchmark --profile small
     Expected time (same CPU, JAX, evaluation included; 159 runs timed in
         results/small/benchmark_log.txt): 14-48 s per run (median 22 s) for
         every variant but a linear kernel (favor, relu, exp) with kerple,
@@ -250,8 +241,8 @@ def cpu():
     this docstring will say which.
 
     Command (2-core CPU, TensorFlow, the default backend):
-        python -m performer_keras.benchmark --profile cpu
-        python -m performer_keras.report --profile cpu
+        python -m experiments.benchmark --profile cpu
+        python -m experiments.report --profile cpu
     Expected time: a CIFAR-10 epoch of this model took 29-38 s in the pilot
         softmax run that had the CPU to itself but for one other run, and up
         to 100 s with three other processes; the first cpu run
@@ -267,14 +258,14 @@ def cpu():
     return Profile(
         name="cpu",
         doc=inspect.getdoc(cpu),
-        variants=tuple(f"{kernel}-{position}" for position in POSITIONS for kernel in MAIN_KERNELS),
+        variants=tuple(f"{kernel}-{position}" for position in POSITIONS for kernel in main_kernels()),
         extra_variants=(),
         datasets=("cifar10", "mnist"),
         seeds=(0, 1, 2),
         epochs={"cifar10": 40, "mnist": 20},
         settings=dict(size="small", heads=4, num_features=16, batch_size=256, learning_rate=2e-3),
         backend="tensorflow",
-        deferred=tuple(f"{kernel}-kerple" for kernel in MAIN_KERNELS),
+        deferred=tuple(f"{kernel}-kerple" for kernel in main_kernels()),
     )
 
 
@@ -287,7 +278,7 @@ def tuned():
     and its config.json says which it got. No ablations.
 
     Command (a GPU machine):
-        KERAS_BACKEND=jax python -m performer_keras.benchmark --profile tuned
+        KERAS_BACKEND=jax python -m experiments.benchmark --profile tuned
     Expected time: as `reference` without the ablations; not measured.
     Expected accuracy: at least the reference's where tuning found better
         settings; not measured.
@@ -306,7 +297,7 @@ def tiny():
     any backend. The accuracy means nothing (about chance to 40%).
 
     Command:
-        python -m performer_keras.benchmark --profile tiny --results-dir /tmp/results
+        python -m experiments.benchmark --profile tiny --results-dir /tmp/results
     Expected time: under a minute in all on a 2-core CPU.
     Expected accuracy: 10-40%, meaningless.
     """
@@ -350,11 +341,11 @@ def pilot(setting):
     5,000 / 10,000), 8 epochs, seeds 0 and 1, batch 256, AdamW 2e-3 (one
     warmup epoch, cosine decay), size small (width 64, depth 2, patch 4) with
     m = 16 random features; TensorFlow. The pilot is judged on validation
-    accuracy (`python -m performer_keras.pilots`); the test metrics are
+    accuracy (`python -m experiments.pilots`); the test metrics are
     written by the same code as every run but not used to choose.
 
     Command:
-        python -m performer_keras.benchmark --profile pilot-d16
+        python -m experiments.benchmark --profile pilot-d16
     Expected time: 4-5 minutes a run, 6 runs (2-core CPU, TensorFlow).
     Expected accuracy: 50-60% on CIFAR-10 after 8 epochs.
     """

@@ -1,9 +1,9 @@
 """Run a profile's queue of (variant, dataset, seed) trainings; resumable, multi-seed.
 
-    KERAS_BACKEND=jax python -m performer_keras.benchmark --profile small
-    python -m performer_keras.benchmark --profile small --variants favor-rope relu-rope --seeds 0 1 2 3
-    python -m performer_keras.benchmark --profile small --list       # the queue and what is finished
-    python -m performer_keras.report --profile small                 # results/small/README.md
+    KERAS_BACKEND=jax python -m experiments.benchmark --profile small
+    python -m experiments.benchmark --profile small --variants favor-rope relu-rope --seeds 0 1 2 3
+    python -m experiments.benchmark --profile small --list       # the queue and what is finished
+    python -m experiments.report --profile small                 # results/small/README.md
 
 Every run goes through `training.train`, the code behind train.py, into its
 own folder under results/<profile>/:
@@ -24,23 +24,22 @@ The queue runs the main table first, dataset by dataset, all seeds of a row
 before the next row, so that whole cells of the main table finish first; then
 the profile's deferred rows (`Profile.deferred`, on every dataset), then the
 extra rows (exp, linformer), then the init-from and num_features experiments. At the end aggregate.json is
-written (`aggregate.py`); the report is `python -m performer_keras.report`.
+written (`aggregate.py`); the report is `python -m experiments.report`.
 
 Exit status: 0 when every queued run is finished, 1 when some failed or were
 skipped, 2 for bad arguments.
 """
 
-import argparse
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from performer_keras.cli import OneLineParser, interruptible  # noqa: E402
-from performer_keras.options import non_negative_int, positive_int  # noqa: E402
+from experiments.aggregate import BASELINE, write_aggregate as aggregate_cells
+from experiments.benchmark_profiles import get_profile
+from experiments.cli import SELECTION_OPTIONS, fail, interruptible, parser
+from experiments.run_config import RunError
+from performer_keras.options import check_choice
 
 EXPERIMENTS = ("variants", "init_from", "num_features")
 
@@ -93,8 +92,6 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
     experiments (num_features at the profile's m is the variant row) is listed
     under each; `unique_runs` keeps its first.
     """
-    from performer_keras.aggregate import BASELINE
-    from performer_keras.options import check_choice
 
     for experiment in experiments:
         check_choice("experiment", experiment, EXPERIMENTS)
@@ -193,9 +190,9 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print):
     """
     import keras
 
-    from performer_keras.data import DataError
-    from performer_keras.run_config import RunError
-    from performer_keras.training import TrainingDiverged, train
+    # Training loads the backend and TensorFlow's data pipeline: only when a queue runs.
+    from experiments.data import DataError
+    from experiments.training import TrainingDiverged, train
 
     outcome = {"finished": [], "trained": [], "failed": [], "skipped": []}
     for index, job in enumerate(jobs, 1):
@@ -233,8 +230,8 @@ def commands(profile, results_dir):
     prefix = f"KERAS_BACKEND={profile.backend} " if profile.backend else ""
     where = "" if str(results_dir) == "results" else f" --results-dir {results_dir}"
     return {
-        "benchmark": f"{prefix}python -m performer_keras.benchmark --profile {profile.name}{where}",
-        "report": f"python -m performer_keras.report --profile {profile.name}{where}",
+        "benchmark": f"{prefix}python -m experiments.benchmark --profile {profile.name}{where}",
+        "report": f"python -m experiments.report --profile {profile.name}{where}",
     }
 
 
@@ -248,48 +245,30 @@ def report_header(profile, results_dir):
 
 def write_aggregate(profile, results_dir, selected=()):
     """Aggregate the profile's whole queue (plus `selected`) into results/<profile>/aggregate.json."""
-    from performer_keras.aggregate import write_aggregate as write
-
-    return write(profile_root(results_dir, profile), cells(all_jobs(profile, results_dir, selected)),
+    return aggregate_cells(profile_root(results_dir, profile), cells(all_jobs(profile, results_dir, selected)),
                  **report_header(profile, results_dir))
 
 
-def add_selection_arguments(parser):
-    """--profile and the queue selection; shared with `report`."""
-    parser.add_argument("--profile", default="small", help="reference, small, tuned or tiny (benchmark_profiles.py)")
-    parser.add_argument("--variants", nargs="+", help="only these variants (default: the profile's rows)")
-    parser.add_argument("--datasets", nargs="+", help="default: the profile's")
-    parser.add_argument("--seeds", nargs="+", type=non_negative_int, help="default: the profile's")
-    parser.add_argument("--epochs", type=positive_int, help="epochs on every dataset (default: the profile's)")
-    parser.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), help=f"some of {EXPERIMENTS}")
-    parser.add_argument("--results-dir", default="results", help="parent of results/<profile>/ (default results)")
-
-
 def selected_jobs(args, profile):
-    return plan(profile, args.results_dir, args.variants, args.datasets, args.seeds, args.epochs, args.experiments)
+    """The jobs that `experiments.cli.SELECTION_OPTIONS` select from `profile`'s queue."""
+    return plan(profile, args.results_dir, args.variants, args.datasets, args.seeds, args.epochs,
+                args.experiments or EXPERIMENTS)
 
 
 def main(argv=None):
-    parser = OneLineParser(prog="benchmark", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_selection_arguments(parser)
-    parser.add_argument("--max-runs", type=non_negative_int, help="stop after training this many runs")
-    parser.add_argument("--list", action="store_true", help="print the queue with each run's state and exit")
-    parser.add_argument("--verbose", action="store_true", help="Keras progress lines for every epoch")
-    args = parser.parse_args(argv)
+    args = parser("benchmark", __doc__, *SELECTION_OPTIONS, "max-runs", "list", "verbose").parse_args(argv)
     return interruptible("benchmark", lambda: run(args))
 
 
 def run(args):
-    import keras
-
-    from performer_keras.benchmark_profiles import get_profile
-    from performer_keras.run_config import RunError
-
     try:
         if Path(args.results_dir).exists() and not Path(args.results_dir).is_dir():
             raise RunError(f"--results-dir {args.results_dir} is a file; give a folder")
         profile = get_profile(args.profile)
         selected = selected_jobs(args, profile)
+        # Keras (and its backend) load only once the selection is known to be good.
+        import keras
+
         backend = keras.backend.backend()
         if profile.backend and backend != profile.backend and not args.list:
             raise RunError(
@@ -297,8 +276,7 @@ def run(args):
                 f"run {commands(profile, args.results_dir)['benchmark']}"
             )
     except (RunError, ValueError) as error:
-        print(f"benchmark: error: {error}", file=sys.stderr)
-        return 2
+        return fail("benchmark", error)
     root = profile_root(args.results_dir, profile)
     jobs = unique_runs(selected, root)
     if args.list:

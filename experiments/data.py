@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from performer_keras.options import AUGMENTATIONS, check_choice, check_positive
+from experiments.run_config import AUGMENTATIONS
+from performer_keras.options import check_choice, check_positive
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 BUNDLED = ("mnist", "cifar10")

@@ -3,10 +3,11 @@
 import dataclasses
 import json
 
-from performer_keras.options import AUGMENTATIONS, check_choice, check_finite, check_non_negative, check_positive
+from performer_keras.options import check_choice, check_finite, check_non_negative, check_positive
 from performer_keras.registry import SIZES, list_variants, model_config, parse_variant
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+AUGMENTATIONS = ("none", "rotate", "crop_flip")
 # Fields added after runs were committed, with their defaults.
 LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None}
 
@@ -125,6 +126,27 @@ class RunConfig:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
+    def from_args(cls, args):
+        """The run an `experiments.cli.RUN_OPTIONS` command line describes: defaults < --hparams < flags.
+
+        `--attention`/`--position` are an alternative to `--variant`; a missing
+        one defaults to softmax or absolute. `--limit all` lifts a limit that the
+        --hparams file sets.
+        """
+        variant, attention, position = (getattr(args, name, None) for name in ("variant", "attention", "position"))
+        if attention or position:
+            if variant:
+                raise RunError("give either --variant or --attention/--position, not both")
+            variant = f"{attention or 'softmax'}-{position or 'absolute'}"
+        explicit = {name: getattr(args, name, None) for name in cls.fields() if name != "variant"}
+        lift_limit = explicit.get("limit") == "all"
+        if lift_limit:
+            explicit["limit"] = None
+        config = cls.from_sources(getattr(args, "hparams", None), variant=variant, **explicit)
+        # from_sources reads None as "not given", so lifting a file's limit comes after it.
+        return dataclasses.replace(config, limit=None) if lift_limit else config
+
+    @classmethod
     def from_sources(cls, hparams_file=None, **explicit):
         """Defaults < the `hparams_file` JSON < explicit (non-None) keyword arguments.
 
@@ -133,17 +155,29 @@ class RunConfig:
         """
         values = {}
         if hparams_file is not None:
-            try:
-                with open(hparams_file) as f:
-                    loaded = json.load(f)
-            except (OSError, ValueError) as error:
-                raise RunError(f"cannot read --hparams file {hparams_file}: {error}") from None
-            loaded = loaded.get("hyperparameters", loaded) if isinstance(loaded, dict) else loaded
-            if not isinstance(loaded, dict):
-                raise RunError(f"--hparams file {hparams_file} must hold a JSON object of hyperparameters")
-            unknown = sorted(set(loaded) - set(cls.fields()))
-            if unknown:
-                raise RunError(f"--hparams file {hparams_file} has unknown keys {unknown}; expected some of {cls.fields()}")
-            values.update(loaded)
+            values.update(read_hparams(hparams_file, "--hparams file")[0])
         values.update({k: v for k, v in explicit.items() if v is not None})
         return cls(**values)
+
+
+def read_hparams(path, what="hyperparameters file"):
+    """(hyperparameters, searched) of a JSON of `RunConfig` fields; RunError (one line) if it is not one.
+
+    The file is either a flat object of field names or the tuner's
+    best_hparams.json, which holds the winning RunConfig under
+    "hyperparameters" and the names the search varied under "searched".
+    `searched` is that list, or every key of a flat file.
+    """
+    try:
+        with open(path) as f:
+            loaded = json.load(f)
+    except (OSError, ValueError) as error:
+        raise RunError(f"cannot read {what} {path}: {error}") from None
+    hparams = loaded.get("hyperparameters", loaded) if isinstance(loaded, dict) else loaded
+    if not isinstance(hparams, dict):
+        raise RunError(f"{what} {path} must hold a JSON object of hyperparameters")
+    searched = loaded.get("searched", list(hparams))
+    unknown = sorted((set(hparams) | set(searched)) - set(RunConfig.fields()))
+    if unknown:
+        raise RunError(f"{what} {path} has unknown keys {unknown}; expected some of {RunConfig.fields()}")
+    return hparams, searched

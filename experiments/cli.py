@@ -1,0 +1,213 @@
+"""Every command-line option of every tool, defined once, and how the tools fail.
+
+`train.py`, `evaluate.py`, `python -m tuning`, `python -m tuning.sweep`, the
+benchmark, the report, the pilots and `python -m profiles` build their parsers
+with `parser(prog, doc, *names)` from `OPTIONS` below: one name, type, default,
+help and check per option, so `--seeds` or `--batch-size` mean the same thing
+in every tool. A default of None means "the tool's own": the run config's
+(`experiments.run_config.RunConfig`), the profile's, or the bench's, each named
+in the tool's --help text.
+
+The promise of every tool (README, "What a kill costs"): bad input exits 2
+with exactly one line on stderr, and Ctrl-C exits 130 with one line. This
+module imports neither Keras nor TensorFlow, so a bad argument is refused
+before a backend starts, and it silences TensorFlow's start-up log for the
+tool that imports it.
+"""
+
+import argparse
+import math
+import os
+import sys
+
+# Must be set before TensorFlow is first imported: its C++ start-up log is
+# several lines on stderr, and the one-line promise above covers them.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+USAGE_ERROR = 2
+INTERRUPTED = 130
+
+
+def positive_int(text):
+    """argparse type: an integer >= 1."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text):
+    """argparse type: an integer >= 0."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text, low):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
+    return value
+
+
+def positive_float(text):
+    """argparse type: a finite number > 0."""
+    return _finite(text, lambda value: value > 0, "a finite number > 0")
+
+
+def finite_float(text):
+    """argparse type: a finite number (the run config checks its range)."""
+    return _finite(text, lambda value: True, "a finite number")
+
+
+def _finite(text, valid, said):
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and valid(value)):
+        raise argparse.ArgumentTypeError(f"expected {said}, got {text!r}")
+    return value
+
+
+def limit_arg(text):
+    """argparse type of --limit: an integer >= 1, or 'all' (every example, lifting a limit set elsewhere)."""
+    return text if text == "all" else positive_int(text)
+
+
+_FLAG = dict(action="store_true")
+_SWITCH = dict(action=argparse.BooleanOptionalAction, default=None)
+
+# Option name (without "--") -> argparse keywords. Keep one line per option.
+OPTIONS = {
+    # What to train.
+    "variant": dict(help="kernel-position, e.g. favor-rope (see train.py --list-variants)"),
+    "attention": dict(help="softmax, favor, relu, exp or linformer (with --position, instead of --variant)"),
+    "position": dict(help="absolute, rope, string or kerple (with --attention, instead of --variant)"),
+    "variants": dict(nargs="+", metavar="VARIANT", help="variant names; 'all': the twelve of the comparison"),
+    "dataset": dict(help="mnist or cifar10 (bundled), a .npz in the keras.datasets layout, or a tensorflow-datasets name"),
+    "datasets": dict(nargs="+", metavar="DATASET", help="dataset names (default: the profile's)"),
+    "limit": dict(type=limit_arg, help="only the first N examples of each split; 'all' lifts a limit set elsewhere"),
+    "augment": dict(help="none, rotate or crop_flip (default: rotate for grayscale, crop_flip for colour)"),
+    # The model.
+    "size": dict(help="tiny, small or reference (performer_keras.registry.SIZES)"),
+    "width": dict(type=positive_int, help="token width (default: the size's)"),
+    "depth": dict(type=positive_int, help="transformer blocks (default: the size's)"),
+    "heads": dict(type=positive_int, help="attention heads (default: the size's)"),
+    "mlp-dim": dict(type=positive_int, help="hidden units of each block's MLP (default: the size's)"),
+    "patch-size": dict(type=positive_int, help="patch side in pixels (default: the size's)"),
+    "num-features": dict(type=positive_int, help="random features m of favor and relu"),
+    "redraw-interval": dict(type=non_negative_int, help="redraw random features every K steps (0 = never)"),
+    "orthogonal": dict(**_SWITCH, help="orthogonal random projections"),
+    "deterministic": dict(**_SWITCH, help="relu: phi(x) = ReLU(x), no projection"),
+    "rotation-order": dict(help="rotate q and k before or after the feature map"),
+    "rope-mixed": dict(**_SWITCH, help="learned RoPE frequencies mixing rows and columns"),
+    "normalize-qk": dict(**_SWITCH, help="l2-normalise q and k (default: on for kerple only)"),
+    "absolute-position": dict(**_SWITCH, help="add the learned absolute embedding"),
+    "linformer-dim": dict(type=positive_int, help="projected length k of linformer"),
+    "precision": dict(help="float32, mixed_bfloat16 or mixed_float16"),
+    # How to train.
+    "epochs": dict(type=positive_int, help="training epochs (default: the run config's or the profile's)"),
+    "batch-size": dict(type=positive_int, help="examples per step (default: the tool's, see its description)"),
+    "learning-rate": dict(type=finite_float, help="peak AdamW learning rate"),
+    "weight-decay": dict(type=finite_float, help="AdamW weight decay"),
+    "seed": dict(type=non_negative_int, help="seed of the data order, initialisation and features"),
+    "seeds": dict(type=non_negative_int, nargs="+", metavar="SEED", help="the seeds to run (default: the tool's)"),
+    "hparams": dict(help="JSON of hyperparameters (e.g. the tuner's best_hparams.json); explicit flags win"),
+    "init-from": dict(help="a .keras checkpoint to copy matching weights from (e.g. a softmax run's best.keras)"),
+    "init-from-partial": dict(action="store_true", default=None,
+                              help="start from the matching weights even if the checkpoint is of another model"),
+    # Where results go.
+    "out": dict(help="output folder (default: see the tool's description)"),
+    "export": dict(help="also write a SavedModel (uint8 images -> probabilities) here"),
+    "results-dir": dict(default="results", help="parent of results/<profile>/ (default results)"),
+    # The tuner.
+    "algorithm": dict(default="hyperband", help="hyperband (default), bayesian or random"),
+    "max-trials": dict(type=positive_int, help="at most N trials (default: 20, or one Hyperband iteration)"),
+    "space": dict(action="append", default=[], metavar="NAME=VALUES",
+                  help="narrow or widen a space: learning_rate=1e-4:1e-3 (log-uniform), "
+                       "num_features=32,64 (choice), redraw_interval=0 (fixed); repeatable"),
+    "space-file": dict(help="JSON {name: 'low:high' | [values] | value}; --space wins"),
+    "show-space": dict(**_FLAG, help="print the search space and exit"),
+    "quiet": dict(**_FLAG, help="no per-trial output"),
+    # The benchmark.
+    "profile": dict(default="small", help="a profile of experiments/benchmark_profiles.py (default small)"),
+    "experiments": dict(nargs="+", help="some of variants, init_from, num_features (default: all three)"),
+    "max-runs": dict(type=non_negative_int, help="stop after training this many runs"),
+    "list": dict(**_FLAG, help="print the queue with each run's state and exit"),
+    "list-variants": dict(**_FLAG, help="print the variant names and exit"),
+    "verbose": dict(**_FLAG, help="Keras progress lines for every epoch"),
+    # Cost profiles.
+    "burn-in": dict(type=non_negative_int, default=1, help="untimed steps after the compiling one (default 1)"),
+    "steps": dict(type=positive_int, default=3, help="timed training steps (default 3)"),
+    "trace-steps": dict(type=non_negative_int, default=2, help="training steps traced by the profiler (0: none)"),
+    "tokens": dict(type=positive_int, nargs="+", metavar="N",
+                   help="patches of the scaling grids (the CLS token adds one; default 64 .. 16384)"),
+    "model-tokens": dict(type=positive_int, nargs="+", metavar="N", help="patches for the model scope (default: --tokens)"),
+    "scopes": dict(nargs="+", help="scaling scopes: layer, model (default both)"),
+    "fused-softmax": dict(**_FLAG, help="also sweep softmax through ops.dot_product_attention (flash where available)"),
+    "scaling-steps": dict(type=positive_int, default=3, help="timed calls per scaling point (default 3)"),
+    "max-seconds": dict(type=positive_float, default=20.0,
+                        help="stop timing a scaling point after this many seconds of calls (default 20)"),
+    "time-limit": dict(type=positive_float, default=180.0, help="seconds per scaling point (default 180)"),
+    "bench-time-limit": dict(type=positive_float, default=900.0, help="seconds per stage of a variant's bench (default 900)"),
+    "memory-limit-gb": dict(type=positive_float, default=8.0,
+                            help="resident memory of a measurement before it counts as out of memory (default 8)"),
+    "skip-bench": dict(**_FLAG, help="no per-variant bench"),
+    "skip-scaling": dict(**_FLAG, help="no scaling sweep"),
+    "resume": dict(**_FLAG, help="keep results whose JSON file already exists"),
+    "in-process": dict(**_FLAG, help="measure in this process: faster, but no limits and no recovery from a crash"),
+    "report-only": dict(**_FLAG, help="only rewrite summary.md and the plots"),
+}
+
+# The options of one training run: train.py's, and the base run of every tuner trial.
+VARIANT_OPTIONS = ("variant", "attention", "position")
+RUN_OPTIONS = (
+    *VARIANT_OPTIONS, "dataset", "limit", "size", "width", "depth", "heads", "mlp-dim",
+    "patch-size", "num-features", "redraw-interval", "orthogonal", "deterministic", "rotation-order",
+    "rope-mixed", "normalize-qk", "absolute-position", "linformer-dim", "precision", "augment",
+    "epochs", "batch-size", "seed",
+)
+# The benchmark's queue selection, shared with its report.
+SELECTION_OPTIONS = ("profile", "variants", "datasets", "seeds", "epochs", "experiments", "results-dir")
+
+
+class UsageError(ValueError):
+    """A bad command line found after parsing (two options that exclude each other, say)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line, not the whole usage block: "prog: error: ... (see --help)"."""
+
+    def error(self, message):
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parser(prog, doc, *names):
+    """A `OneLineParser` for `prog` whose description is `doc`, with the options `names` of `OPTIONS`."""
+    built = OneLineParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_options(built, *names)
+    return built
+
+
+def add_options(parser, *names):
+    """Add the options `names` (keys of `OPTIONS`) to `parser`, in that order."""
+    for name in names:
+        parser.add_argument(f"--{name}", **OPTIONS[name])
+
+
+def fail(prog, message, status=USAGE_ERROR):
+    """Print "prog: error: message" as one line on stderr and return `status`."""
+    print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return status
+
+
+def interruptible(prog, function):
+    """`function()`'s exit status; Ctrl-C gives one line and 130 instead of a traceback.
+
+    Whatever was finished is already on disk (every write is atomic), so the
+    same command resumes.
+    """
+    try:
+        return function()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)
+        return INTERRUPTED

@@ -1,0 +1,76 @@
+"""The house rules (STYLE rule 12): the library apart from the harness, options defined once.
+
+- `performer_keras` imports nothing of the harness, and the harness no script;
+- importing the library, the option table or a run config loads no Keras, no
+  TensorFlow and no JAX (a real process: what is imported is the point);
+- every `--option` of every tool is declared in `experiments/cli.py` alone;
+- a tool that loads TensorFlow still fails in exactly one line on stderr.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = {"train", "evaluate"}
+HARNESS = {"experiments", "tuning", "profiles"}
+
+
+def imported_modules(path):
+    """Top-level names of every module `path` imports, at any depth of its code."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def sources(*folders):
+    return [path for folder in folders for path in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def test_arrows_run_one_way():
+    for path in sources("performer_keras"):
+        assert not imported_modules(path) & (HARNESS | SCRIPTS), f"the library's {path.name} imports the harness"
+    for path in sources(*HARNESS):
+        assert not imported_modules(path) & SCRIPTS, f"{path.relative_to(ROOT)} imports a script"
+
+
+def test_the_library_and_the_option_table_load_no_backend():
+    code = (
+        "import sys\n"
+        "import performer_keras, experiments, experiments.cli, experiments.run_config, experiments.benchmark_profiles\n"
+        "import performer_keras.registry, performer_keras.options\n"
+        "print(sorted(m for m in ('keras', 'tensorflow', 'jax') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_every_option_is_declared_once_in_the_option_table():
+    from experiments.cli import OPTIONS
+
+    for path in sources(*HARNESS) + [ROOT / "train.py", ROOT / "evaluate.py"]:
+        if path.name == "cli.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+                flags = [arg.value for arg in node.args if isinstance(arg, ast.Constant)]
+                assert not any(flag.startswith("-") for flag in flags), f"{path.name} declares {flags} itself"
+    assert all(name == name.lower() and not name.startswith("-") for name in OPTIONS)
+
+
+@pytest.mark.slow
+def test_a_tool_that_loaded_tensorflow_still_fails_in_one_line():
+    result = subprocess.run(
+        [sys.executable, "train.py", "--size", "tiny", "--dataset", "no_such_dataset_xyz"],
+        cwd=ROOT, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+    )
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("train.py: error:"), result.stderr

@@ -1,0 +1,123 @@
+"""A new linear kernel through the registry alone: one FeatureMap class and one table entry.
+
+The toy kernel below is the "linear transformer" feature map phi(x) = elu(x) + 1
+(Katharopoulos et al. 2020, arXiv:2006.16236), defined here in the test, not
+in the library. Registered, it must be a variant like any other: listed, built
+by `create_model`, trained, saved and reloaded, counted by the analytic FLOPs,
+searched by the tuner and styled in the figures, and its attention must equal
+the brute-force N x N form.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import performer_keras as pk
+from performer_keras.registry import KERNEL_TABLE, Kernel, linear_kernels, list_variants, register_kernel
+
+from layer_test_case import run_layer_test, to_numpy
+
+
+@keras.saving.register_keras_serializable(package="performer_keras_tests")
+class EluFeatures(pk.FeatureMap):
+    """phi(x) = elu(x) + 1: positive, deterministic, m = d."""
+
+    def output_dim(self, input_dim):
+        return input_dim
+
+    def call(self, queries, keys, training=None):
+        return tuple(ops.elu(ops.cast(x, "float32")) + 1.0 for x in (queries, keys))
+
+
+@pytest.fixture
+def elu_kernel():
+    register_kernel("elu", Kernel(features=EluFeatures, colour="tab:olive"))
+    yield "elu"
+    del KERNEL_TABLE["elu"]
+
+
+def test_a_registered_feature_map_is_a_variant_like_any_other(elu_kernel, tmp_path):
+    from experiments.figures import kernel_colour
+    from experiments.flops import analytic_attention_flops
+    from experiments.run_config import RunConfig
+    from tuning.search_spaces import kernel_space
+
+    assert "elu" in linear_kernels() and "elu-rope" in list_variants(extra=True)
+    assert "elu-rope" not in list_variants()  # not a row of the main table
+    assert RunConfig(variant="elu-kerple").attention == "elu"
+    assert set(kernel_space("elu")) == {"learning_rate", "weight_decay"}
+    assert kernel_colour("elu") == "tab:olive"
+    # No projection, m = d = 8: 8 N D^2 + 4 N d D + 2 N d H.
+    assert analytic_attention_flops(50, 16, 2, "elu") == 8 * 50 * 16**2 + 4 * 50 * 8 * 16 + 2 * 50 * 8 * 2
+
+    keras.utils.set_random_seed(0)
+    model = pk.create_model("elu-rope", size="tiny")
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (64, 28, 28, 1)).astype("float32"), rng.integers(0, 10, 64)
+    history = model.fit(images, labels, batch_size=32, epochs=2, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    model.save(tmp_path / "elu.keras")
+    reloaded = keras.saving.load_model(tmp_path / "elu.keras", custom_objects=pk.custom_objects())
+    np.testing.assert_allclose(reloaded.predict(images[:4], verbose=0), model.predict(images[:4], verbose=0), atol=1e-6)
+
+
+def test_a_registered_feature_map_computes_the_brute_force_attention(elu_kernel):
+    heads, width, tokens = 2, 8, 10
+    layer = pk.KernelAttention(heads, elu_kernel)
+    x = np.random.default_rng(1).normal(size=(2, tokens, width)).astype("float32")
+    run_layer_test(pk.KernelAttention, dict(num_heads=heads, kernel_name=elu_kernel), x,
+                   expected_output_shape=(2, tokens, width), expected_num_trainable_weights=8)
+    outputs = to_numpy(layer(x))
+
+    def project(dense):
+        y = x @ to_numpy(dense.kernel) + to_numpy(dense.bias)
+        return y.reshape(2, tokens, heads, -1).transpose(0, 2, 1, 3)  # (batch, heads, N, d)
+
+    def phi(y):
+        return np.where(y > 0, y, np.expm1(y)) + 1.0
+
+    q, k, v = (project(d) for d in (layer.query, layer.key, layer.value))
+    weights = phi(q) @ phi(k).transpose(0, 1, 3, 2)  # (batch, heads, N, N), never formed by the layer
+    attended = (weights / weights.sum(-1, keepdims=True)) @ v
+    merged = attended.transpose(0, 2, 1, 3).reshape(2, tokens, width)
+    expected = merged @ to_numpy(layer.output_dense.kernel) + to_numpy(layer.output_dense.bias)
+    np.testing.assert_allclose(outputs, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name, kernel, message",
+    [
+        ("favor", Kernel(features=EluFeatures), "exists"),
+        ("elu-2", Kernel(features=EluFeatures), "without '-'"),
+        ("elu", dict(features=EluFeatures), "takes a Kernel"),
+        ("elu", Kernel(features=EluFeatures, rotation_order="sideways"), "Unknown rotation_order"),
+    ],
+)
+def test_register_kernel_refuses_what_would_break_the_table(name, kernel, message):
+    with pytest.raises(ValueError, match=message):
+        register_kernel(name, kernel)
+    assert "elu" not in KERNEL_TABLE
+
+
+def test_a_kernel_whose_features_are_not_a_feature_map_is_refused_when_built():
+    register_kernel("bogus", Kernel(features=dict))
+    try:
+        with pytest.raises(ValueError, match="FeatureMap subclass"):
+            pk.KernelAttention(2, "bogus")(np.zeros((1, 4, 8), "float32"))
+    finally:
+        del KERNEL_TABLE["bogus"]
+
+
+def test_configs_saved_with_the_old_kernel_argument_still_load():
+    config = pk.KernelAttention(2, "favor", num_features=8).get_config()
+    assert config["kernel_name"] == "favor" and "kernel" not in config
+    config["kernel"] = config.pop("kernel_name")  # as in a .keras file written before 0.3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        layer = pk.KernelAttention.from_config(config)
+    assert layer.kernel_name == "favor"
+    assert any(issubclass(w.category, DeprecationWarning) for w in caught)
