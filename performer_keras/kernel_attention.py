@@ -26,9 +26,11 @@ def merge_heads(x):
 
 TOEPLITZ_PATHS = ("auto", "dense", "fft")
 # Up to this many tokens, kernelized kerple builds the N x N weights (dense path);
-# above, it correlates by FFT. Measured: the smaller crossover of two head shapes
-# in profiles/results/<device>/<backend>/kerple_paths.json (README, "KERPLE's two paths").
-DENSE_TOEPLITZ_MAX_TOKENS = 1025
+# above, it correlates by FFT. Measured on a 2-core CPU: the largest N at which the
+# dense path still trained faster, `dense_max_tokens` of
+# profiles/results/cpu-epyc-2core/tensorflow/kerple_paths.json (the FFT path first won
+# at 4,097 tokens, where the dense weights also take GBs; README, "KERPLE's two paths").
+DENSE_TOEPLITZ_MAX_TOKENS = 2305
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
