@@ -101,6 +101,7 @@ OPTIONS = {
     "rotation-order": dict(help="rotate q and k before or after the feature map"),
     "rope-mixed": dict(**_SWITCH, help="learned RoPE frequencies mixing rows and columns"),
     "normalize-qk": dict(**_SWITCH, help="l2-normalise q and k (default: on for kerple only)"),
+    "qk-norm": dict(type=positive_float, help="with --normalize-qk, the norm of q and k in units of sqrt(d) (default 1)"),
     "absolute-position": dict(**_SWITCH, help="add the learned absolute embedding"),
     "linformer-dim": dict(type=positive_int, help="projected length k of linformer"),
     "precision": dict(help="float32, mixed_bfloat16 or mixed_float16"),
@@ -163,7 +164,7 @@ VARIANT_OPTIONS = ("variant", "attention", "position")
 RUN_OPTIONS = (
     *VARIANT_OPTIONS, "dataset", "limit", "size", "width", "depth", "heads", "mlp-dim",
     "patch-size", "num-features", "redraw-interval", "orthogonal", "deterministic", "rotation-order",
-    "rope-mixed", "normalize-qk", "absolute-position", "linformer-dim", "precision", "augment",
+    "rope-mixed", "normalize-qk", "qk-norm", "absolute-position", "linformer-dim", "precision", "augment",
     "epochs", "batch-size", "seed",
 )
 # The benchmark's queue selection, shared with its report.

@@ -27,7 +27,9 @@ TensorFlow is used here on purpose: this is the input pipeline, not a layer.
 import dataclasses
 import hashlib
 import math
+import logging
 import os
+import socket
 import time
 import warnings
 from pathlib import Path
@@ -465,6 +467,7 @@ def _read_tfds(name):
         raise DataError(
             f"Dataset {name!r} is not bundled and tensorflow-datasets is not installed; {offline}"
         ) from None
+    _check_tfds_reachable(tfds, name, offline)
     try:
         (train, test), info = tfds.load(
             name, split=["train", "test"], as_supervised=True, batch_size=-1, with_info=True
@@ -484,6 +487,40 @@ def _read_tfds(name):
             f"not uint8 (H, W, C) images; {offline}"
         )
     return x_train, y_train, x_test, y_test, label_names
+
+
+# A host that every online machine resolves and reaches; tfds's downloads need the network.
+NETWORK_PROBE = ("storage.googleapis.com", 443)
+NETWORK_TIMEOUT_SECONDS = 3.0
+
+
+def _check_tfds_reachable(tfds, name, offline):
+    """Fail in seconds, not after tfds's minutes of download retries: an unknown name, or no local copy and no network."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # tfds warns about half-made cache folders: the error below says it all
+    try:
+        builder = tfds.builder(name)
+        prepared = builder.is_prepared()
+    except Exception as err:  # DatasetNotFoundError and its kin: the name is not a tfds dataset
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise DataError(f"Could not load dataset {name!r} through tensorflow-datasets ({reason}); {offline}") from None
+    finally:
+        absl.setLevel(level)
+    if not prepared and not network_reachable():
+        raise DataError(
+            f"Dataset {name!r} is not in the tensorflow-datasets cache ({builder.data_dir}) and the network is "
+            f"unreachable ({NETWORK_PROBE[0]} did not answer in {NETWORK_TIMEOUT_SECONDS:g} s); {offline}"
+        )
+
+
+def network_reachable():
+    """Whether `NETWORK_PROBE` accepts a connection within `NETWORK_TIMEOUT_SECONDS`."""
+    try:
+        socket.create_connection(NETWORK_PROBE, timeout=NETWORK_TIMEOUT_SECONDS).close()
+    except OSError:
+        return False
+    return True
 
 
 # === Splitting ===

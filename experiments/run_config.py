@@ -9,7 +9,7 @@ from performer_keras.registry import SIZES, list_variants, model_config, parse_v
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 AUGMENTATIONS = ("none", "rotate", "crop_flip")
 # Fields added after runs were committed, with their defaults.
-LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None}
+LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None, "qk_norm": 1.0}
 
 
 class RunError(ValueError):
@@ -47,6 +47,7 @@ class RunConfig:
     rotation_order: str | None = None
     rope_mixed: bool = False
     normalize_qk: bool | None = None
+    qk_norm: float = 1.0
     linformer_dim: int = 32
     limit: int | None = None
     limit_test: bool = True
@@ -70,6 +71,7 @@ class RunConfig:
             check_finite("learning_rate", self.learning_rate, low=0.0, low_open=True)
             check_finite("weight_decay", self.weight_decay, low=0.0)
             check_finite("warmup_epochs", self.warmup_epochs, low=0.0)
+            check_finite("qk_norm", self.qk_norm, low=0.0, low_open=True)
             check_non_negative("redraw_interval", self.redraw_interval)
             check_non_negative("seed", self.seed)
             for name in ("absolute_position", "orthogonal", "deterministic", "rope_mixed", "limit_test", "init_from_partial"):
@@ -107,7 +109,7 @@ class RunConfig:
             k: getattr(self, k)
             for k in (
                 "absolute_position", "num_features", "orthogonal", "redraw_interval", "deterministic",
-                "rotation_order", "rope_mixed", "normalize_qk", "linformer_dim",
+                "rotation_order", "rope_mixed", "normalize_qk", "qk_norm", "linformer_dim",
             )
         }
         return dict(size=self.size, **{k: v for k, v in sizes.items() if v is not None}, **kernel)

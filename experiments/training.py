@@ -31,8 +31,13 @@ import keras
 import performer_keras
 from experiments import checkpoints, data
 from experiments.atomic import write_json
-from performer_keras.registry import create_model
+from performer_keras.registry import create_model, model_config
 from experiments.run_config import RunError
+
+
+# Written into an export folder: which run it is an export of, so a rerun may replace it
+# and no other run may write over it.
+EXPORT_RECORD = "export_of.json"
 
 
 class TrainingDiverged(RuntimeError):
@@ -81,13 +86,18 @@ def check_run_folder(config, out_dir):
     return out_dir
 
 
-def check_export_folder(export_dir):
-    """An export goes into an absent or empty folder, or over an earlier SavedModel (re-exporting the same run)."""
+def check_export_folder(export_dir, out_dir):
+    """An export goes into an absent or empty folder, or over an earlier export of the same run (`EXPORT_RECORD`)."""
     export_dir = Path(export_dir)
     if export_dir.exists() and not export_dir.is_dir():
         raise RunError(f"--export {export_dir} is a file; give a folder")
-    if export_dir.is_dir() and any(export_dir.iterdir()) and not (export_dir / "saved_model.pb").is_file():
-        raise RunError(f"--export {export_dir} is not empty and holds no SavedModel; choose another folder")
+    if not export_dir.is_dir() or not any(export_dir.iterdir()):
+        return
+    record = export_dir / EXPORT_RECORD
+    exported_from = read_json(record).get("run") if record.is_file() else None
+    if exported_from != str(Path(out_dir).resolve()):
+        whose = f"an export of {exported_from}" if exported_from else "files that are no export of this run"
+        raise RunError(f"--export {export_dir} holds {whose}; choose another folder")
 
 
 def code_version():
@@ -145,17 +155,35 @@ def copy_shared_weights(model, source, checkpoint, partial=False):
     return {"checkpoint": str(checkpoint), "copied": copied, "not_copied": kept, "unused_in_checkpoint": unused}
 
 
+# The metric columns of the HParams dashboard: (tag, run subfolder of logs/) as Keras'
+# TensorBoard callback and `evaluation.log_test_metrics` write them.
+HPARAMS_METRICS = (("epoch_accuracy", "train"), ("epoch_accuracy", "validation"), ("test_accuracy", "test"))
+
+
+def hparams_values(config):
+    """The run's hyperparameters as TensorBoard shows them: the model size resolved to its
+    effective width, depth, heads, MLP and patch, and unset options left out (never "None")."""
+    values = dict(config.to_dict(), **model_config(**config.model_overrides()))
+    return {key: value for key, value in values.items() if isinstance(value, (bool, int, float, str))}
+
+
 def log_hparams(log_dir, config, trial_id=None):
-    """Write the run's hyperparameters for TensorBoard's HParams dashboard.
+    """Write the run's hyperparameters, and the experiment's columns, for TensorBoard's HParams dashboard.
 
     `trial_id` names the run in the dashboard (default: the run folder's name);
-    the tuner passes ids that stay unique across variants and datasets.
+    the tuner passes ids that stay unique across variants and datasets, so its
+    trials and train.py's runs share one table under one log root.
     """
     import tensorflow as tf
     from tensorboard.plugins.hparams import api as hparams_api
 
-    values = {k: (v if isinstance(v, (bool, int, float, str)) else str(v)) for k, v in config.to_dict().items()}
+    values = hparams_values(config)
     with tf.summary.create_file_writer(str(log_dir)).as_default():
+        hparams_api.hparams_config(
+            hparams=[hparams_api.HParam(name) for name in values],
+            metrics=[hparams_api.Metric(tag, group=group, display_name=f"{group} {tag.removeprefix('epoch_')}")
+                     for tag, group in HPARAMS_METRICS],
+        )
         hparams_api.hparams(values, trial_id=trial_id or Path(log_dir).parent.name)
 
 
@@ -185,7 +213,7 @@ def train(config, out_dir, verbose="auto", export_dir=None):
     if (out_dir / "metrics.json").exists():
         return read_json(out_dir / "metrics.json")
     if export_dir is not None:
-        check_export_folder(export_dir)
+        check_export_folder(export_dir, out_dir)
     splits = None
     if not training_finished(config, out_dir):
         # Everything that can refuse the run is checked before the folder is written.
@@ -205,6 +233,8 @@ def train(config, out_dir, verbose="auto", export_dir=None):
 
         best = keras.models.load_model(out_dir / "best.keras", custom_objects=performer_keras.custom_objects())
         export_saved_model(best, export_dir)
+        # Last, so a killed export is not taken for a finished one of this run.
+        write_json(Path(export_dir) / EXPORT_RECORD, {"run": str(out_dir.resolve())})
     return evaluation.evaluate(out_dir)
 
 

@@ -7,7 +7,7 @@ from keras import ops
 
 from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
-from performer_keras.options import ROTATION_ORDERS, check_choice, check_non_negative, check_positive
+from performer_keras.options import ROTATION_ORDERS, check_choice, check_finite, check_non_negative, check_positive
 from performer_keras.registry import KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, compatible, positions_of, resolve
 
 
@@ -88,8 +88,16 @@ class KernelAttention(keras.layers.Layer):
             rotates the features; None takes the kernel's
             (`registry.Kernel.rotation_order`).
         rope_mixed: learned mixed RoPE frequencies (RoPE-Mixed).
-        normalize_qk: l2-normalise q and k; None takes the position's
-            (`registry.Position.normalize_qk`: True for kerple only).
+        normalize_qk: l2-normalise q and k, with any position; None takes the
+            position's (`registry.Position.normalize_qk`: True for kerple only).
+        qk_norm: with normalize_qk, the norm of q and k in units of sqrt(d).
+            1.0 (default) is Luo et al.'s: |q^T k| / sqrt(d) <= sqrt(d). For
+            FAVOR+ that is the estimator's high-variance range: at d = 32 its
+            relative error against softmax-kerple is still 0.95 at m = 1024,
+            while at 0.25 it falls as 1/sqrt(m), 0.10 at m = 64 to 0.027 at
+            m = 1024 (`python -m profiles.favor_estimator`, committed in
+            profiles/results/cpu-epyc-2core/tensorflow/favor_estimator.json).
+            Which default serves the comparison best is still open (README).
         linformer_dim: k, the projected sequence length for linformer.
         fused: softmax only: `ops.dot_product_attention` (flash attention
             where the backend has it) instead of the explicit matmuls.
@@ -122,6 +130,7 @@ class KernelAttention(keras.layers.Layer):
         rotation_order=None,
         rope_mixed=False,
         normalize_qk=None,
+        qk_norm=1.0,
         linformer_dim=32,
         fused=False,
         seed=None,
@@ -144,6 +153,7 @@ class KernelAttention(keras.layers.Layer):
         self.rotation_order = rotation_order
         self.rope_mixed = bool(rope_mixed)
         self.normalize_qk = normalize_qk
+        self.qk_norm = check_finite("qk_norm", qk_norm, low=0.0, low_open=True)
         self.linformer_dim = check_positive("linformer_dim", linformer_dim)
         self.fused = bool(fused)
         self.seed = seed
@@ -265,8 +275,8 @@ class KernelAttention(keras.layers.Layer):
         positions = self.patch_positions if positions is None else positions
         q, k, v = (split_heads(layer(inputs), self.num_heads) for layer in (self.query, self.key, self.value))
         if self.normalizes:
-            # Unit RMS per coordinate: |q| = sqrt(d), so |q^T k| / sqrt(d) <= sqrt(d).
-            q, k = (ops.normalize(x, axis=-1) * self.head_dim**0.5 for x in (q, k))
+            # |q| = |k| = qk_norm sqrt(d), so |q^T k| / sqrt(d) <= qk_norm^2 sqrt(d).
+            q, k = (ops.normalize(x, axis=-1) * (self.qk_norm * self.head_dim**0.5) for x in (q, k))
         if self.rotates and self.order == "before":
             q, k = self.rotate(q, positions), self.rotate(k, positions)
         if self.spec.linear:
@@ -349,6 +359,7 @@ class KernelAttention(keras.layers.Layer):
             rotation_order=self.rotation_order,
             rope_mixed=self.rope_mixed,
             normalize_qk=self.normalize_qk,
+            qk_norm=self.qk_norm,
             linformer_dim=self.linformer_dim,
             fused=self.fused,
             seed=self.seed,

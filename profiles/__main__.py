@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from experiments import atomic
-from experiments.cli import fail, parser
+from experiments.cli import fail, interruptible, parser
 from performer_keras.options import check_choice
 from performer_keras.registry import SIZES, list_variants, parse_variant
 from profiles import BENCH_BATCH, BENCH_DATASETS, BENCH_SIZE, DEFAULT_PATCHES, SCOPES
@@ -64,6 +64,10 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     command = "python -m profiles " + shlex.join(sys.argv[1:] if argv is None else argv)
+    return interruptible(PROG, lambda: run(args, command))
+
+
+def run(args, command):
     # Imported after parsing so that --help and bad input answer without loading a backend.
     import keras
 

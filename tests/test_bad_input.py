@@ -30,6 +30,12 @@ def files(tmp):
     (run / "config.json").write_text("{")
     (run / "best.keras").write_bytes(b"")
     (tmp / "bogus.keras").write_bytes(b"not a zip")
+    other_export = tmp / "other_export"
+    other_export.mkdir()
+    (other_export / "saved_model.pb").write_bytes(b"")
+    (other_export / "export_of.json").write_text(json.dumps({"run": "/elsewhere/run"}))
+    (tmp / "notes").mkdir()
+    (tmp / "notes" / "todo.txt").write_text("mine\n")
 
 
 CASES = {
@@ -55,6 +61,10 @@ CASES = {
     "train hparams not json": (train.main, [*TINY, "--hparams", "{tmp}/broken.json"], "cannot read --hparams"),
     "train --out a file": (train.main, [*TINY, "--out", "{tmp}/a_file.txt"], "is a file"),
     "train --export a file": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/a_file.txt"], "is a file"),
+    "train --export another run's export": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/other_export"],
+                                            "an export of /elsewhere/run"),
+    "train --export a folder of other files": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/notes"],
+                                               "no export of this run"),
     "train --init-from missing": (train.main, [*TINY, "--init-from", "{tmp}/none.keras"], "cannot read --init-from"),
     "train --init-from not a model": (train.main, [*TINY, "--init-from", "{tmp}/bogus.keras"], "cannot read --init-from"),
     "train --precision float8": (train.main, [*TINY, "--precision", "float8"], "Unknown precision"),

@@ -6,6 +6,7 @@ file stays fast. tensorflow-datasets is monkeypatched, never reached.
 """
 
 import shutil
+import time
 import types
 
 import numpy as np
@@ -155,6 +156,18 @@ def test_unloadable_dataset_names_the_offline_alternatives(monkeypatch):
     assert "'mnist'" in message and "'cifar10'" in message
 
 
+def test_a_tfds_name_without_local_copy_fails_in_seconds_offline(monkeypatch):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    monkeypatch.setattr(data, "network_reachable", lambda: False)
+    monkeypatch.setattr(tfds, "load", lambda *args, **kwargs: pytest.fail("tfds.load would retry for minutes"))
+    start = time.perf_counter()
+    with pytest.raises(data.DataError) as error:
+        data.load_dataset("fashion_mnist")  # a real tfds name, never downloaded on a test machine
+    assert time.perf_counter() - start < 30
+    message = str(error.value)
+    assert "\n" not in message and "not in the tensorflow-datasets cache" in message and "'mnist'" in message
+
+
 def test_tfds_dataset_is_split_like_the_bundled_ones(monkeypatch):
     tfds = pytest.importorskip("tensorflow_datasets")
     rng = np.random.default_rng(0)
@@ -172,6 +185,7 @@ def test_tfds_dataset_is_split_like_the_bundled_ones(monkeypatch):
         return (make(1000), make(300)), info
 
     monkeypatch.setattr(tfds, "load", fake_load)
+    monkeypatch.setattr(data, "_check_tfds_reachable", lambda tfds, name, offline: None)
     splits = data.load_dataset("fake_rgb")
     # 5,000 validation examples would be half the data: capped at 10%.
     assert [len(s[1]) for s in (splits.train, splits.validation, splits.test)] == [900, 100, 300]

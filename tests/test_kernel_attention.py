@@ -155,10 +155,10 @@ def reference_attention(layer, x, kernel, position, rotation_order=None, determi
     positions = grid_positions(GRID) if positions is None else positions
     d = HEAD_DIM
     q, k, v = (split_heads(dense(sub, x)) for sub in (layer.query, layer.key, layer.value))
-    if position == "kerple":
-        # Kerple l2-normalises q and k to norm sqrt(d) by default.
-        q = q / np.linalg.norm(q, axis=-1, keepdims=True) * np.sqrt(d)
-        k = k / np.linalg.norm(k, axis=-1, keepdims=True) * np.sqrt(d)
+    if layer.normalize_qk or (layer.normalize_qk is None and position == "kerple"):
+        # Kerple l2-normalises q and k by default, any position on request: to norm qk_norm sqrt(d).
+        q = q / np.linalg.norm(q, axis=-1, keepdims=True) * layer.qk_norm * np.sqrt(d)
+        k = k / np.linalg.norm(k, axis=-1, keepdims=True) * layer.qk_norm * np.sqrt(d)
     order = rotation_order or DEFAULT_ORDER[kernel]
     rotates = position in ("rope", "string")
     if rotates and order == "before":
@@ -264,6 +264,14 @@ def test_matches_brute_force_reference(kernel, position):
 )
 def test_non_default_rotation_order_matches_reference(kernel, position, order):
     check_against_reference(kernel, position, rope_mixed=True, rotation_order=order)
+
+
+@pytest.mark.parametrize("kernel, position, normalize, norm", [
+    ("softmax", "absolute", True, 0.5), ("favor", "rope", True, 0.5), ("relu", "string", True, 2.0),
+    ("favor", "kerple", None, 0.25), ("softmax", "kerple", False, 1.0),
+])
+def test_q_and_k_normalisation_is_an_option_of_every_position(kernel, position, normalize, norm):
+    check_against_reference(kernel, position, normalize_qk=normalize, qk_norm=norm)
 
 
 @pytest.mark.parametrize("position", ["absolute", "rope", "kerple"])

@@ -109,3 +109,23 @@ def test_a_truncated_newest_backup_falls_back_with_one_line(tmp_path, capsys, un
     lines = [line for line in capsys.readouterr().err.splitlines() if "does not load" in line]
     assert len(lines) == 1 and "falling back to epoch 1" in lines[0], lines
     assert_same(out, uninterrupted)
+
+
+def test_ctrl_c_exits_130_in_one_line_and_the_same_command_resumes(tmp_path, uninterrupted):
+    # A real process, TensorFlow's start-up log left to the tool to silence (no TF_CPP_MIN_LOG_LEVEL).
+    out = tmp_path / "run"
+    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    env.update(PYTHONPATH=str(REPO), **{atomic.PAUSE_VARIABLE: "history.csv:2"})
+    process = subprocess.Popen([sys.executable, str(REPO / "train.py"), *ARGS, "--out", str(out)], env=env,
+                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None and not any(out.rglob("*.paused")):
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before its second epoch was written"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines == ["train.py: interrupted; run the same command again to resume"], stderr
+    run_in_process(out)
+    assert_same(out, uninterrupted)

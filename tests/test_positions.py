@@ -201,6 +201,7 @@ def test_kerple_bias_is_toeplitz():
         pytest.param(dict(kernel_name="softmax", rotation_order="after"), r"rotation_order='after'.*'softmax'.*'before'", id="after-softmax"),
         pytest.param(dict(kernel_name="favor", rotation_order="sideways"), r"Unknown rotation_order 'sideways'.*'before', 'after'", id="order"),
         pytest.param(dict(position="rope"), r"position 'rope' needs grid_size", id="rope-no-grid"),
+        pytest.param(dict(normalize_qk=True, qk_norm=0.0), r"qk_norm must be > 0.0, got 0.0", id="qk-norm-0"),
         pytest.param(dict(position="kerple"), r"position 'kerple' needs grid_size", id="kerple-no-grid"),
         pytest.param(
             dict(kernel_name="linformer", position="kerple", grid_size=GRID),

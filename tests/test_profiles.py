@@ -200,3 +200,13 @@ def test_analytic_model_flops_adds_up():
     config = dict(patch_size=4, width=8, depth=1, heads=2, mlp_dim=16)
     expected = 2 * 49 * 16 * 8 + (8 * 50 * 64 + 4 * 50 * 50 * 8) + 4 * 50 * 8 * 16 + 2 * 8 * 10
     assert analytic_model_flops((28, 28, 1), 10, "softmax", **config) == expected == 143_904
+
+
+def test_favor_kerple_error_falls_as_1_over_sqrt_m_only_with_smaller_qk_norms():
+    from profiles.favor_estimator import error_table
+
+    table = error_table(features=(64, 1024), qk_norms=(1.0, 0.25), trials=3)
+    # A Monte Carlo mean falls 4x from m = 64 to 1,024; a little Monte Carlo slack below that.
+    assert table[0.25][64] / table[0.25][1024] > 3.5
+    # At Luo et al.'s norm the estimate stays off by about the output's own size.
+    assert table[1.0][1024] > 0.5 and table[1.0][64] / table[1.0][1024] < 2.0

@@ -88,6 +88,23 @@ def test_hparams_and_scalars_logged_for_tensorboard(softmax_run):
         for value in event.summary.value
     }
     assert {"hparams", "scalars"} <= plugins
+    # The effective size, never the string "None"; the experiment declares its metric columns.
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    hparams, columns = {}, set()
+    for events in (softmax_run / "logs").glob("events.out.tfevents*"):
+        for event in tf.compat.v1.train.summary_iterator(str(events)):
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name != "hparams":
+                    continue
+                data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                if data.HasField("session_start_info"):
+                    hparams = {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
+                               for k, v in data.session_start_info.hparams.items()}
+                if data.HasField("experiment"):
+                    columns = {(m.name.tag, m.name.group) for m in data.experiment.metric_infos}
+    assert hparams["width"] == 16 and hparams["depth"] == 1 and "None" not in hparams.values()
+    assert {("epoch_accuracy", "validation"), ("test_accuracy", "test")} <= columns
     logged = {
         value.tag: float(tf.make_ndarray(value.tensor))
         for events in (softmax_run / "logs" / "test").glob("events.out.tfevents*")
@@ -125,6 +142,11 @@ def test_export_serves_uint8_with_the_same_predictions(tmp_path):
     model = keras.models.load_model(out / "best.keras")
     np.testing.assert_allclose(served, model.predict(images.astype("float32"), verbose=0), atol=1e-5)
     np.testing.assert_allclose(served.sum(axis=1), 1.0, atol=1e-5)
+    # The same run may export again over its own export; another run may not write there.
+    assert json.loads((export / "export_of.json").read_text()) == {"run": str(out.resolve())}
+    train_ok("--variant", "relu-rope", *TINY, "--epochs", "1", "--out", out, "--export", export)
+    assert train.main(["--variant", "relu-rope", *TINY, "--epochs", "1", "--out", str(tmp_path / "other"),
+                       "--export", str(export)]) == 2
 
 
 def test_same_seed_same_metrics_and_resume_after_kill(tmp_path):

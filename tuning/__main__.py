@@ -17,7 +17,7 @@ Bad input exits with code 2 and one line on stderr.
 import argparse
 import sys
 
-from experiments.cli import RUN_OPTIONS, UsageError, fail, parser
+from experiments.cli import RUN_OPTIONS, UsageError, fail, interruptible, parser
 
 PROG = "python -m tuning"
 # The options of a search: the base run's (train.py's) and how it is searched.
@@ -39,19 +39,25 @@ def make_search(args, variant, strict=True):
 
 
 def exit_status(prog, command):
-    """Run `command()` and return its exit status; a user error gives 2 and
-    a search with no finished trial 1, each with one line on stderr."""
-    from experiments.data import DataError
+    """Run `command()` and return its exit status; a user error gives 2,
+    a search with no finished trial 1 and Ctrl-C 130, each with one line on stderr."""
     from experiments.run_config import RunError
-    from tuning.search import SearchError, SearchFailed
 
     try:
-        return command()
-    except (UsageError, SearchError, RunError, DataError) as error:
+        return interruptible(prog, command)
+    except (UsageError, RunError) as error:
         return fail(prog, error)
-    except SearchFailed as error:
-        print(f"{prog}: {error}", file=sys.stderr)
-        return 1
+    except Exception as error:
+        # Raised after the search modules loaded (they load TensorFlow, so only then).
+        from experiments.data import DataError
+        from tuning.search import SearchError, SearchFailed
+
+        if isinstance(error, (SearchError, DataError)):
+            return fail(prog, error)
+        if isinstance(error, SearchFailed):
+            print(f"{prog}: {error}", file=sys.stderr)
+            return 1
+        raise
 
 
 def main(argv=None):
