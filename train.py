@@ -20,7 +20,7 @@ from performer_keras.registry import list_variants
 
 def main(argv=None):
     cli = parser("train.py", __doc__, *RUN_OPTIONS, "learning-rate", "weight-decay", "hparams", "init-from",
-                 "init-from-partial", "out", "export", "list-variants")
+                 "init-from-partial", "distribute", "out", "export", "list-variants")
     args = cli.parse_args(argv)
     return interruptible("train.py", lambda: run(args))
 
@@ -40,7 +40,7 @@ def run(args):
 
     try:
         out = args.out or os.path.join("runs", f"{config.variant}_{config.dataset}_seed{config.seed}")
-        metrics = train(config, out, export_dir=args.export)
+        metrics = train(config, out, export_dir=args.export, distribute=args.distribute)
     except (RunError, DataError) as error:
         return fail("train.py", error)
     except TrainingDiverged as error:

@@ -134,7 +134,7 @@ def aggregate_cell(root, cell):
     seeds without metrics.json are listed as missing. Configs that differ in
     more than the seed are flagged in "mixed_config" (never silently averaged).
     """
-    runs, configs, curves = {}, {}, []
+    runs, configs, curves, commits = {}, {}, [], {}
     for seed, folder in sorted(seed_folders(Path(root) / cell["directory"]).items()):
         try:
             metrics = json.loads((folder / "metrics.json").read_text())
@@ -142,11 +142,13 @@ def aggregate_cell(root, cell):
         except (OSError, ValueError):
             continue  # unfinished, or being written by a running benchmark
         runs[seed] = {key: metrics.get(key) for key in PER_SEED}
+        commits[str(seed)] = run_commits(folder)
         curves.append(read_history(folder / "history.csv"))
     result = dict(cell)
     result["seeds"] = {"planned": list(cell["seeds"]), "finished": sorted(runs),
                        "missing": [s for s in cell["seeds"] if s not in runs]}
     result["per_seed"] = {str(seed): values for seed, values in runs.items()}
+    result["commits"] = commits
     # init_from names the same seed's checkpoint, so it differs by design.
     shared = [{k: v for k, v in config.items() if k not in ("seed", "init_from")} for config in configs.values()]
     result["config"] = shared[0] if shared else None
@@ -245,6 +247,15 @@ def adjust_family(cells):
     return len(members)
 
 
+def run_commits(folder):
+    """The commits that trained a run, in session order, from its provenance.json ([] when it has none)."""
+    try:
+        sessions = json.loads((Path(folder) / "provenance.json").read_text())["sessions"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return list(dict.fromkeys(str(session.get("commit")) for session in sessions))
+
+
 def aggregate(root, cells, **header):
     """Aggregate `cells` (see `aggregate_cell`) of the results folder `root`.
 
@@ -272,6 +283,8 @@ def aggregate(root, cells, **header):
             "planned": len(runs), "finished": sum(runs.values()),
             "missing": [folder for folder, done in runs.items() if not done],  # queue order
         },
+        # Every commit that trained a finished run: more than one means the table mixes code versions.
+        "commits": sorted({commit for cell in aggregated for run in cell["commits"].values() for commit in run}),
         "devices": sorted({v["device"] for v in per_seed if v["device"]}),
         "backends": sorted({v["backend"] for v in per_seed if v["backend"]}),
         "cells": aggregated,

@@ -16,7 +16,15 @@ A run with metrics.json is finished and skipped; an unfinished one resumes from
 its last finished epoch; a folder holding a run of other settings is refused
 and the queue goes on. So a benchmark killed at any moment continues where it
 stopped when started again, and sessions that each run part of the queue
-(`--variants`, `--datasets`, `--seeds`, `--max-runs`) add up to one result.
+(`--variants`, `--datasets`, `--seeds`, `--max-runs`, `--max-minutes`) add up to one
+result, and `--workers N` trains N queued runs at once in N processes (each its
+share of the accelerator's memory: runs at these sizes are far too small to fill
+a GPU; keep 1 on a CPU). `--max-minutes T` suits a time-limited slot (a batch job, a rented GPU
+hour): a run starts only if the time left covers its expected time (its epochs
+times the slowest epoch of the finished runs of its dataset and variant, or of
+its dataset when that row has none), so the slot ends with finished folders only; `--archive
+FILE.tar.gz` then packs the finished run folders (without checkpoints) for the
+trip home, where unpacking them into the results folder adds them to the table.
 Each ablation run whose settings equal a variant row's (m = the profile's m)
 is that row's folder, not a second copy.
 
@@ -26,12 +34,15 @@ the profile's deferred rows (`Profile.deferred`, on every dataset), then the
 extra rows (exp, linformer), then the init-from and num_features experiments. At the end aggregate.json is
 written (`aggregate.py`); the report is `python -m experiments.report`.
 
-Exit status: 0 when every queued run is finished, 1 when some failed or were
-skipped, 2 for bad arguments.
+Exit status: 0 when every queued run is finished or was left for lack of time
+(`--max-minutes`), 1 when some failed or were skipped, 2 for bad arguments.
 """
 
 import dataclasses
+import os
+import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -181,12 +192,36 @@ def is_finished(job, root):
     return (job.folder(root) / "metrics.json").is_file()
 
 
-def run_queue(jobs, root, verbose=0, max_runs=None, log=print):
-    """Train every unfinished job in order; returns {"finished", "trained", "failed", "skipped"} lists of folders.
+def expected_seconds(job, root):
+    """Seconds `job` still needs, from the slowest epoch of finished runs like it; None without any.
+
+    Runs of the same dataset and variant are asked first, then any finished
+    run of the dataset; epochs the run already has (a resumed run) are not
+    counted again.
+    """
+    from experiments.checkpoints import read_history
+
+    def slowest_epoch(folders):
+        seconds = [float(row["epoch_seconds"]) for folder in folders if (folder / "metrics.json").is_file()
+                   for row in read_history(folder / "history.csv")]
+        return max(seconds, default=None)
+
+    cell = job.folder(root).parent
+    per_epoch = slowest_epoch(cell.glob("seed*")) or slowest_epoch(cell.parent.glob("*/seed*"))
+    if per_epoch is None:
+        return None
+    done = len(read_history(job.folder(root) / "history.csv"))
+    return per_epoch * (job.config.epochs - done)
+
+
+def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None):
+    """Train every unfinished job in order; returns {"finished", "trained", "failed", "skipped", "no_time"} lists.
 
     A run that fails (another run's folder, bad data, divergence) is reported
     and the queue goes on; a missing init_from checkpoint skips the run.
-    `max_runs` stops after that many trainings (finished runs do not count).
+    `max_runs` stops after that many trainings (finished runs do not count);
+    `deadline` (a `time.monotonic()` instant) starts no run whose
+    `expected_seconds` exceed the time left.
     """
     import keras
 
@@ -194,7 +229,7 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print):
     from experiments.data import DataError
     from experiments.training import TrainingDiverged, train
 
-    outcome = {"finished": [], "trained": [], "failed": [], "skipped": []}
+    outcome = {"finished": [], "trained": [], "failed": [], "skipped": [], "no_time": []}
     for index, job in enumerate(jobs, 1):
         folder = job.folder(root)
         tag = f"[{index}/{len(jobs)}] {folder}"
@@ -204,6 +239,11 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print):
         if max_runs is not None and len(outcome["trained"]) + len(outcome["failed"]) >= max_runs:
             outcome["skipped"].append(str(folder))
             continue
+        if deadline is not None:
+            needed = expected_seconds(job, root)
+            if deadline - time.monotonic() <= (needed or 0.0):
+                outcome["no_time"].append(str(folder))
+                continue
         if job.needs is not None and not job.needs.is_file():
             log(f"{tag}: skipped, needs {job.needs} (the softmax-absolute run's checkpoint, which is not "
                 f"committed: move its run folder aside and run the benchmark again to remake it)")
@@ -255,15 +295,67 @@ def selected_jobs(args, profile):
                 args.experiments or EXPERIMENTS)
 
 
+def pack_finished(jobs, root, archive):
+    """Write the finished run folders of `jobs` into the .tar.gz `archive` (atomically); returns their number.
+
+    Paths inside are relative to the profile's folder, so extracting the
+    archive there adds the runs; checkpoints (`best.keras`) and backups stay
+    behind, as in the committed results.
+    """
+    from experiments.atomic import replacing
+
+    finished = [job.folder(root) for job in jobs if is_finished(job, root)]
+    with replacing(archive) as tmp, tarfile.open(tmp, "w:gz") as tar:
+        for folder in finished:
+            for path in sorted(folder.rglob("*")):
+                if path.is_file() and path.name != "best.keras" and "backup" not in path.relative_to(folder).parts:
+                    tar.add(path, arcname=str(path.relative_to(root)))
+    return len(finished)
+
+
+def run_workers(argv, workers):
+    """Run the queue in `workers` processes at once (`--shard k/workers` each); the worst exit status.
+
+    Each worker gets its share of the accelerator's memory and trains every
+    `workers`-th queued run, so no two touch one folder; each resumes and
+    skips finished runs exactly as a single process does. Lines of the
+    workers' logs interleave, each whole.
+    """
+    argv = drop_options(argv, ("--workers", "--archive"))
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", TF_FORCE_GPU_ALLOW_GROWTH="true",
+               XLA_PYTHON_CLIENT_MEM_FRACTION=f"{0.9 / workers:.3f}")
+    processes = [subprocess.Popen([sys.executable, "-m", "experiments.benchmark", *argv, "--shard", f"{k}/{workers}"],
+                                  env=env) for k in range(workers)]
+    return max(process.wait() for process in processes)
+
+
+def drop_options(argv, names):
+    """`argv` without the options `names` and their values (``--name value`` or ``--name=value``)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in names:
+            skip = True
+        elif not arg.startswith(tuple(f"{name}=" for name in names)):
+            kept.append(arg)
+    return kept
+
+
 def main(argv=None):
-    args = parser("benchmark", __doc__, *SELECTION_OPTIONS, "max-runs", "list", "verbose").parse_args(argv)
-    return interruptible("benchmark", lambda: run(args))
+    args = parser("benchmark", __doc__, *SELECTION_OPTIONS, "max-runs", "max-minutes", "workers", "shard", "archive",
+                  "list", "verbose").parse_args(argv)
+    return interruptible("benchmark", lambda: run(args, sys.argv[1:] if argv is None else list(argv)))
 
 
-def run(args):
+def run(args, argv=()):
     try:
+        if args.workers > 1 and args.shard:
+            raise RunError("--workers and --shard exclude each other: --workers starts the shards itself")
         if Path(args.results_dir).exists() and not Path(args.results_dir).is_dir():
             raise RunError(f"--results-dir {args.results_dir} is a file; give a folder")
+        if args.archive and (not args.archive.endswith(".tar.gz") or Path(args.archive).is_dir()):
+            raise RunError(f"--archive {args.archive}: give a file name ending in .tar.gz")
         profile = get_profile(args.profile)
         selected = selected_jobs(args, profile)
         # Keras (and its backend) load only once the selection is known to be good.
@@ -279,19 +371,32 @@ def run(args):
         return fail("benchmark", error)
     root = profile_root(args.results_dir, profile)
     jobs = unique_runs(selected, root)
+    if args.shard:
+        index, count = args.shard
+        jobs = jobs[index::count]
     if args.list:
         for job in jobs:
             print(f"{'finished' if is_finished(job, root) else 'queued  '}  {job.folder(root)}")
         finished = sum(is_finished(job, root) for job in jobs)
         print(f"{finished} of {len(jobs)} runs finished" + ("; the queue is complete" if finished == len(jobs) else ""))
         return 0
+    if args.workers > 1:
+        status = run_workers(argv, args.workers)
+        write_aggregate(profile, args.results_dir, selected)
+        if args.archive:
+            print(f"archive: {args.archive} holds {pack_finished(jobs, root, args.archive)} finished run folders")
+        return status
     print(f"benchmark {profile.name}: {len(jobs)} runs, {sum(is_finished(job, root) for job in jobs)} finished; backend {backend}",
           flush=True)
+    deadline = None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes
     outcome = run_queue(jobs, root, verbose=2 if args.verbose else 0, max_runs=args.max_runs,
-                        log=lambda line: print(line, flush=True))
+                        log=lambda line: print(line, flush=True), deadline=deadline)
     aggregated = write_aggregate(profile, args.results_dir, selected)
-    print(f"trained {len(outcome['trained'])}, failed {len(outcome['failed'])}, skipped {len(outcome['skipped'])}; "
+    print(f"trained {len(outcome['trained'])}, failed {len(outcome['failed'])}, skipped {len(outcome['skipped'])}, "
+          f"left for lack of time {len(outcome['no_time'])}; "
           f"{aggregated['runs']['finished']} of {aggregated['runs']['planned']} runs of the profile finished")
+    if args.archive:
+        print(f"archive: {args.archive} holds {pack_finished(jobs, root, args.archive)} finished run folders")
     print(f"aggregate: {root / 'aggregate.json'}; report: {commands(profile, args.results_dir)['report']}")
     return 1 if outcome["failed"] or outcome["skipped"] else 0
 

@@ -68,6 +68,18 @@ def _finite(text, valid, said):
     return value
 
 
+def shard_arg(text):
+    """argparse type: "K/N" with 0 <= K < N, one of N workers."""
+    index, _, count = text.partition("/")
+    try:
+        index, count = int(index), int(count)
+    except ValueError:
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, got {text!r}")
+    return index, count
+
+
 def limit_arg(text):
     """argparse type of --limit: an integer >= 1, or 'all' (every example, lifting a limit set elsewhere)."""
     return text if text == "all" else positive_int(text)
@@ -117,6 +129,8 @@ OPTIONS = {
     "init-from-partial": dict(action="store_true", default=None,
                               help="start from the matching weights even if the checkpoint is of another model"),
     # Where results go.
+    "distribute": dict(default="none", choices=["none", "data"],
+                       help="data: split each batch over every local device (JAX, Keras' DataParallel)"),
     "out": dict(help="output folder (default: see the tool's description)"),
     "export": dict(help="also write a SavedModel (uint8 images -> probabilities) here"),
     "results-dir": dict(default="results", help="parent of results/<profile>/ (default results)"),
@@ -133,10 +147,20 @@ OPTIONS = {
     "profile": dict(default="small", help="a profile of experiments/benchmark_profiles.py (default small)"),
     "experiments": dict(nargs="+", help="some of variants, init_from, num_features (default: all three)"),
     "max-runs": dict(type=non_negative_int, help="stop after training this many runs"),
+    "max-minutes": dict(type=positive_float, help="start no run that the time left cannot finish, judged by the "
+                                                   "finished runs' epoch times, then stop cleanly"),
+    "workers": dict(type=positive_int, default=1,
+                    help="train this many queued runs at once, each in its own process with its share of the "
+                         "accelerator's memory (default 1; keep 1 on a CPU)"),
+    "shard": dict(type=shard_arg, help="K/N: run only queue entries K, K+N, K+2N, ... (what --workers gives each "
+                                        "worker process)"),
+    "archive": dict(help="at the end, pack every finished run folder (no backups, no checkpoints) into this .tar.gz"),
     "list": dict(**_FLAG, help="print the queue with each run's state and exit"),
     "list-variants": dict(**_FLAG, help="print the variant names and exit"),
     "verbose": dict(**_FLAG, help="Keras progress lines for every epoch"),
     # Cost profiles.
+    "baseline": dict(help="a checkout of another commit whose train.py path to measure alongside this one"),
+    "backends": dict(nargs="+", choices=["tensorflow", "jax"], help="the backends to measure (default: both)"),
     "burn-in": dict(type=non_negative_int, default=1, help="untimed steps after the compiling one (default 1)"),
     "steps": dict(type=positive_int, default=3, help="timed training steps (default 3)"),
     "trace-steps": dict(type=non_negative_int, default=2, help="training steps traced by the profiler (0: none)"),

@@ -1,4 +1,4 @@
-"""Datasets and tf.data input pipelines for training and evaluating the ViTs.
+"""Datasets for training and evaluating the ViTs, as uint8 numpy arrays.
 
 MNIST and CIFAR-10 ship in the repository's ``data/`` folder (see
 ``data/README.md``), so that training needs no network and every published
@@ -13,32 +13,28 @@ Three decisions shape the module:
   and every run, on every machine, validates on the same examples. All three
   splits come in a fixed random order, so that the first ``limit`` examples of
   any split are a fair sample (the CIFAR-10 file is grouped by class).
-* The training pipeline is a pure function of ``(seed, epoch)``: the order and
-  the augmentation of epoch ``k`` never depend on how many epochs this process
-  iterated before. A run resumed after a crash at epoch ``k`` therefore sees
-  the very batches the uninterrupted run would have seen.
-* Pipelines yield raw pixels as float32 in [0, 255]. Per-channel
-  normalisation happens inside the model (a Normalization layer built from
-  `Splits.mean` and `Splits.std`), so an exported model takes plain pixels.
-
-TensorFlow is used here on purpose: this is the input pipeline, not a layer.
+* The training order of epoch ``k`` is a pure function of ``(seed, k)``
+  (`epoch_order`; the augmentation is one too, see `augment.py`), so a run
+  resumed after a crash at epoch ``k`` sees the very batches the uninterrupted
+  run would have seen. `pipelines.py` turns the arrays into batches.
+* Nothing here needs TensorFlow (JPEGs are decoded by Pillow), so a JAX
+  machine without it loads the same data; only tensorflow-datasets names
+  import it.
 """
 
 import dataclasses
 import hashlib
-import math
+import io
 import logging
 import os
 import socket
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
+from PIL import Image
 
-from experiments.run_config import AUGMENTATIONS
-from performer_keras.options import check_choice, check_positive
+from performer_keras.options import check_positive
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 BUNDLED = ("mnist", "cifar10")
@@ -51,13 +47,10 @@ _SHA256 = {
 }
 # Decoded CIFAR-10 lives outside the repository, keyed by the source checksum,
 # so it is never committed and a changed source file can never hit a stale cache.
-_CACHE_DIR = (
+CACHE_DIR = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "performer_keras"
 )
 _VALIDATION_FRACTION_CAP = 0.1
-_MAX_ROTATION_DEGREES = 10.0
-_CROP_PADDING = 4
-_WARMUP_BATCHES = 5
 
 
 class DataError(ValueError):
@@ -78,7 +71,7 @@ class Splits:
     Images are uint8 ``(N, H, W, C)``, labels int32 ``(N,)``. ``mean`` and
     ``std`` are per-channel statistics of the train split in pixel units
     (0..255), measured after the validation examples were removed (and after
-    ``limit``), so the model's Normalization layer never sees validation or test
+    ``limit``), so the model's Standardize layer never sees validation or test
     data. ``eq=False`` because equality of arrays is not a boolean.
     """
 
@@ -162,7 +155,7 @@ def augmentation_for(dataset_name: str, channels: int | None = None) -> str:
     natural RGB images such as CIFAR-10/100 get the usual pad-4 random crop and
     horizontal flip. A user's own ``.npz`` is judged by its images:
     grayscale (``channels`` 1) rotates, colour crops and flips. ``"none"`` is
-    always accepted by `train_pipeline`; ``--augment`` overrides the choice.
+    always accepted (`augment.py`); ``--augment`` overrides the choice.
     """
     name = dataset_name.lower()
     if name.endswith(".npz") and channels is not None:
@@ -189,134 +182,15 @@ def steps_per_epoch(num_examples: int, batch_size: int) -> int:
     return num_examples // batch_size
 
 
-def train_pipeline(
-    images,
-    labels,
-    batch_size: int,
-    seed: int,
-    augment: str,
-    start_epoch: int = 0,
-    epochs: int = 1,
-) -> tf.data.Dataset:
-    """Shuffled, augmented training batches for epochs ``start_epoch .. epochs-1``.
+def epoch_order(seed: int, epoch: int, num_examples: int) -> np.ndarray:
+    """The training split's order in ``epoch``: a permutation that depends on (seed, epoch) alone.
 
-    Yields exactly ``steps_per_epoch(N, batch_size) * (epochs - start_epoch)``
-    batches of ``(float32 images (B, H, W, C) in [0, 255], int32 labels (B,))``.
-
-    Every random choice is a stateless function of ``(seed, epoch)``: the epoch's
-    order is ``stateless_shuffle`` under a seed split from ``(seed, epoch)``,
-    and the augmentation of example ``i`` is row ``i`` of a table drawn with
-    ``stateless_uniform`` under a second such seed. Epoch ``k`` is therefore the
-    same whether the pipeline started at epoch 0 or at ``start_epoch=k``, which
-    is what makes a resumed run identical to an uninterrupted one.
-
-    Augmentations (see `AUGMENTATIONS`):
-
-    * ``"rotate"``: rotation about the centre by an angle uniform in
-      [-10, 10] degrees, bilinear, zero fill.
-    * ``"crop_flip"``: pad 4 zero pixels on each side, crop back to H x W at a
-      uniform offset, then flip left-right with probability 1/2.
-    * ``"none"``.
-
-    Rotation and crop-flip are each one affine map per image, applied by
-    ``ImageProjectiveTransformV3`` to a whole batch at once; crop and flip move
-    pixels by whole numbers with nearest sampling, so they are exact copies of
-    the padded crop.
-
-    Parameters
-    ----------
-    images : array (N, H, W, C), uint8
-        Kept whole in memory; batches are gathered from it by index.
-    labels : array (N,), integer
-    batch_size : int
-    seed : int
-        Run seed; together with the epoch it fixes order and augmentation.
-    augment : str
-        One of `AUGMENTATIONS`; see `augmentation_for`.
-    start_epoch, epochs : int
-        The pipeline covers epochs ``start_epoch <= e < epochs``.
-
-    Returns
-    -------
-    tf.data.Dataset
+    numpy's generator seeded with the pair, on the host, so both backends'
+    pipelines (`pipelines.py`) walk the same order and a resumed run redraws
+    epoch k exactly; one permutation costs about a millisecond per 50,000
+    examples.
     """
-    check_choice("augmentation", augment, AUGMENTATIONS)
-    images, labels = _as_tensors(images, labels)
-    num_examples, height, width, channels = images.shape
-    steps = steps_per_epoch(num_examples, batch_size)
-    if not 0 <= start_epoch <= epochs:
-        raise ValueError(f"Need 0 <= start_epoch <= epochs, got {start_epoch} and {epochs}")
-    run_seed = tf.constant(seed, tf.int64)
-
-    def one_epoch(epoch):
-        order_seed, augment_seed = tf.unstack(
-            tf.random.experimental.stateless_split(tf.stack([run_seed, epoch]), num=2)
-        )
-        order = tf.random.experimental.stateless_shuffle(
-            tf.range(num_examples, dtype=tf.int64), seed=order_seed
-        )[: steps * batch_size]
-        if augment == "none":
-            return tf.data.Dataset.from_tensor_slices(order).batch(batch_size, drop_remainder=True)
-        # Row i belongs to example i, wherever the shuffle puts it.
-        transforms = _random_transforms(augment, augment_seed, num_examples, height, width)
-        return tf.data.Dataset.from_tensor_slices((order, tf.gather(transforms, order))).batch(
-            batch_size, drop_remainder=True
-        )
-
-    def load(index, transforms=None):
-        batch = tf.cast(tf.gather(images, index), tf.float32)  # (B, H, W, C)
-        if transforms is not None:
-            interpolation = "BILINEAR" if augment == "rotate" else "NEAREST"
-            batch = _apply_transforms(batch, transforms, interpolation)
-        batch = tf.ensure_shape(batch, (batch_size, height, width, channels))
-        return batch, tf.gather(labels, index)
-
-    return (
-        tf.data.Dataset.range(start_epoch, epochs)
-        .flat_map(one_epoch)
-        .map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        .prefetch(tf.data.AUTOTUNE)
-    )
-
-
-def eval_pipeline(images, labels, batch_size: int) -> tf.data.Dataset:
-    """Batches in split order, no augmentation, the last partial batch kept.
-
-    Every example counts exactly once, so accuracies are over the whole split.
-    Yields ``(float32 images (B, H, W, C) in [0, 255], int32 labels (B,))``.
-    """
-    check_positive("batch_size", batch_size)
-    images, labels = _as_tensors(images, labels)
-
-    def load(index):
-        return tf.cast(tf.gather(images, index), tf.float32), tf.gather(labels, index)
-
-    return (
-        tf.data.Dataset.range(images.shape[0])
-        .batch(batch_size)
-        .map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        .prefetch(tf.data.AUTOTUNE)
-    )
-
-
-def pipeline_throughput(
-    images, labels, batch_size: int, augment: str, seed: int = 0, batches: int = 50
-) -> float:
-    """Images per second the training pipeline alone delivers, after a warm-up.
-
-    Compare it with the model's images/s to see whether input is the
-    bottleneck. The first batches (tracing, buffer filling) are not timed.
-    """
-    check_positive("batches", batches)
-    steps = steps_per_epoch(len(labels), batch_size)
-    epochs = math.ceil((_WARMUP_BATCHES + batches) / steps)
-    iterator = iter(train_pipeline(images, labels, batch_size, seed, augment, epochs=epochs))
-    for _ in range(_WARMUP_BATCHES):
-        next(iterator)
-    start = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
-    return batches * batch_size / (time.perf_counter() - start)
+    return np.random.default_rng([seed, epoch]).permutation(num_examples).astype(np.int32)
 
 
 # === Reading the files ===
@@ -352,7 +226,7 @@ def _read_bundled(name, data_dir):
             )
         y_train, y_test = archive["y_train"], archive["y_test"]
         label_names = tuple(str(label) for label in archive["label_names"])
-        cache = _CACHE_DIR / f"cifar10-{digest[:16]}.npy"
+        cache = CACHE_DIR / f"cifar10-{digest[:16]}.npy"
         images = _read_cache(cache, (len(y_train) + len(y_test), 32, 32, 3))
         if images is None:
             images = np.concatenate(
@@ -374,20 +248,18 @@ def _sha256(path):
 
 
 def _decode_jpegs(buffer, offsets):
-    """Decode JPEG files stored back to back into one uint8 array ``(N, H, W, 3)``."""
-    blobs = [buffer[start:end].tobytes() for start, end in zip(offsets[:-1], offsets[1:])]
-    decoded = (
-        tf.data.Dataset.from_tensor_slices(blobs)
-        .map(_decode_jpeg, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        .batch(4096)
-    )
-    return np.concatenate([batch.numpy() for batch in decoded])
+    """Decode JPEG files stored back to back into one uint8 array ``(N, H, W, 3)``.
 
-
-def _decode_jpeg(blob):
-    # INTEGER_ACCURATE is libjpeg's default (what Pillow decodes); TF's faster
-    # default shifts the channel means by ~0.005 from those in data/README.md.
-    return tf.io.decode_jpeg(blob, channels=3, dct_method="INTEGER_ACCURATE")
+    Pillow (libjpeg's accurate integer DCT, the decoder data/README.md's
+    channel means were measured with) rather than TensorFlow, so a JAX
+    machine without TensorFlow reads the same bytes; about 20 s for CIFAR-10,
+    once, then the cache serves it.
+    """
+    images = np.empty((len(offsets) - 1, 32, 32, 3), np.uint8)
+    for i, (start, end) in enumerate(zip(offsets[:-1], offsets[1:])):
+        with Image.open(io.BytesIO(buffer[start:end].tobytes())) as image:
+            images[i] = np.asarray(image.convert("RGB"))
+    return images
 
 
 def _read_cache(path, shape):
@@ -580,69 +452,3 @@ def _channel_stats(images):
     mean = counts @ values / total
     std = np.sqrt(np.maximum(counts @ values**2 / total - mean**2, 0.0))
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)
-
-
-# === Augmentation ===
-
-
-def _as_tensors(images, labels):
-    images = tf.convert_to_tensor(images)
-    labels = tf.cast(tf.convert_to_tensor(labels), tf.int32)
-    if images.shape.rank != 4 or labels.shape.rank != 1 or images.shape[0] != labels.shape[0]:
-        raise ValueError(
-            f"Need images (N, H, W, C) and labels (N,), got {images.shape} and {labels.shape}"
-        )
-    return images, labels
-
-
-def _random_transforms(augment, seed, num_examples, height, width):
-    """One random affine map per example, ``(num_examples, 8)``, row i for example i."""
-    uniform = tf.random.stateless_uniform([num_examples, 3], seed=seed)  # [0, 1)
-    if augment == "rotate":
-        degrees = (2.0 * uniform[:, 0] - 1.0) * _MAX_ROTATION_DEGREES
-        return _rotation_transforms(degrees * (math.pi / 180.0), height, width)
-    # Crop offsets 0..2p of the padded image are shifts -p..p of the original.
-    shifts = tf.floor(uniform[:, :2] * (2 * _CROP_PADDING + 1)) - _CROP_PADDING
-    return _crop_flip_transforms(shifts[:, 0], shifts[:, 1], uniform[:, 2] < 0.5, width)
-
-
-def _rotation_transforms(angles, height, width):
-    """Rotation by ``angles`` (radians) about the image centre, ``(N, 8)``.
-
-    ImageProjectiveTransformV3 maps each output pixel (x, y) to the input point
-    ``(a0 x + a1 y + a2, b0 x + b1 y + b2)``; here that point is the output
-    pixel rotated about the centre (cx, cy). A positive angle turns the image
-    counter-clockwise as displayed, like ``np.rot90``.
-    """
-    cos, sin = tf.cos(angles), tf.sin(angles)
-    cx, cy = (width - 1) / 2.0, (height - 1) / 2.0
-    zeros = tf.zeros_like(angles)
-    return tf.stack(
-        [cos, -sin, cx - cos * cx + sin * cy, sin, cos, cy - sin * cx - cos * cy, zeros, zeros],
-        axis=1,
-    )
-
-
-def _crop_flip_transforms(shift_y, shift_x, flip, width):
-    """Pad-and-crop by whole-pixel shifts, then optional left-right flip, ``(N, 8)``.
-
-    Cropping the zero-padded image at offset ``p + s`` reads input pixel
-    ``x + s``; flipping the crop reads ``(width - 1 - x) + s``, i.e.
-    ``a0 = -1, a2 = width - 1 + s``.
-    """
-    sign = tf.where(flip, -1.0, 1.0)
-    offset_x = shift_x + tf.where(flip, float(width - 1), 0.0)
-    zeros, ones = tf.zeros_like(shift_x), tf.ones_like(shift_x)
-    return tf.stack([sign, zeros, offset_x, zeros, ones, shift_y, zeros, zeros], axis=1)
-
-
-def _apply_transforms(images, transforms, interpolation):
-    """Apply per-image affine maps to float32 ``(B, H, W, C)`` images, zero fill."""
-    return tf.raw_ops.ImageProjectiveTransformV3(
-        images=images,
-        transforms=tf.cast(transforms, tf.float32),
-        output_shape=tf.shape(images)[1:3],
-        fill_value=0.0,
-        interpolation=interpolation,
-        fill_mode="CONSTANT",
-    )

@@ -137,11 +137,9 @@ def log_test_metrics(log_dir, metrics, step):
     as metric columns of the HParams table (which collects every scalar tag
     of a run's folders).
     """
-    import tensorflow as tf
+    from experiments.event_logs import write_scalars
 
-    with tf.summary.create_file_writer(str(log_dir)).as_default():
-        for key in TENSORBOARD_TEST_METRICS:
-            tf.summary.scalar(key, metrics[key], step=step)
+    write_scalars(log_dir, {key: metrics[key] for key in TENSORBOARD_TEST_METRICS}, step)
 
 
 def check_export(export_path, images, labels, probabilities, batch_size, out):

@@ -1,6 +1,21 @@
-"""SavedModel export whose serving signature takes uint8 images."""
+"""SavedModel export whose serving signature takes uint8 images (a TensorFlow feature)."""
+
+import importlib.util
 
 import keras
+
+
+def tensorflow_missing(feature):
+    """None when TensorFlow can be imported, else one line saying that `feature` needs it.
+
+    A JAX machine set up for a GPU usually has no TensorFlow (beside a CUDA
+    JAX it clashes over CUDA libraries); training, evaluation and the reports
+    run there without it, and only SavedModels need it.
+    """
+    if importlib.util.find_spec("tensorflow") is not None:
+        return None
+    return (f"{feature} needs TensorFlow, which is not installed here (KERAS_BACKEND={keras.backend.backend()}); "
+            "`pip install tensorflow`, or run this step on a machine that has it")
 
 
 def export_saved_model(model, export_dir):

@@ -71,6 +71,11 @@ def load_saved_model(path, endpoint="serve"):
     Trainable parameters are those the export tracked (`keras.export`
     records them); None if the SavedModel does not list any.
     """
+    from experiments.export import tensorflow_missing
+
+    missing = tensorflow_missing(f"reading the SavedModel {path}")
+    if missing:
+        raise EvaluationError(missing)
     import tensorflow as tf
 
     loaded = tf.saved_model.load(str(path))
@@ -100,7 +105,7 @@ def predict_all(model, images, batch_size):
     """float32 probabilities (n, classes) of `model` on uint8 `images`, in batches.
 
     Pixels are cast to the model's input dtype unchanged (float32 in [0, 255]
-    for the Keras model, as `data.eval_pipeline` yields them).
+    for the Keras model, as `pipelines.eval_batches` yields them).
     """
     return np.concatenate([
         np.asarray(model.predict(images[start:start + batch_size].astype(model.dtype)), np.float32)

@@ -342,6 +342,13 @@ def missing_lines(aggregated):
         lines += ["", "<details><summary>Still missing (cell: seeds)</summary>", ""]
         lines += [f"- `{cell}`: {', '.join(sorted(seeds, key=int))}" for cell, seeds in by_cell.items()]
         lines += ["", "</details>"]
+    commits = aggregated.get("commits", [])
+    if len(commits) > 1:
+        lines += ["", f"**Code versions:** the finished runs were trained by {len(commits)} commits "
+                      f"({', '.join(commit[:12] for commit in commits)}; each run's `provenance.json` says which "
+                      "trained which epochs), so this table mixes code versions."]
+    elif commits:
+        lines += ["", f"Code version: every finished run was trained by commit {commits[0][:12]}."]
     mixed = [c["directory"] for c in aggregated["cells"] if c.get("mixed_config")]
     if mixed:
         lines += ["", f"**Warning:** runs of different settings share a cell (not comparable): {', '.join(mixed)}."]

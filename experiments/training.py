@@ -13,7 +13,7 @@ A run folder holds:
 
 Resuming: killed at any moment, the same call restarts from the last finished
 epoch. The data order and augmentation of epoch k depend only on (seed, k)
-(`data.train_pipeline(start_epoch=k)`), the backup restores weights, optimizer
+(`pipelines.train_batches(start_epoch=k)`), the backup restores weights, optimizer
 state and the random features' seed state, and the history and best-checkpoint
 threshold are cut back to that epoch, so the run ends with the same metrics as
 an uninterrupted one.
@@ -21,6 +21,7 @@ an uninterrupted one.
 
 import contextlib
 import json
+import math
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ from pathlib import Path
 import keras
 
 import performer_keras
-from experiments import checkpoints, data
+from experiments import checkpoints, data, event_logs, pipelines
 from experiments.atomic import write_json
 from performer_keras.registry import create_model, model_config
 from experiments.run_config import RunError
@@ -42,6 +43,29 @@ EXPORT_RECORD = "export_of.json"
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or Inf; the last good checkpoint is kept."""
+
+
+class StopOnNaN(keras.callbacks.Callback):
+    """Raise `TrainingDiverged` at the end of an epoch whose mean loss is NaN or Inf.
+
+    Per epoch, not per batch like Keras' TerminateOnNaN: a batch hook makes
+    Keras wait for the device every step and turns off its asynchronous
+    dispatch. One NaN step makes the epoch's mean NaN, so nothing is missed,
+    and placed before the writers this callback keeps the diverged epoch out
+    of the history, the best checkpoint and the backup.
+    """
+
+    def __init__(self, out_dir):
+        super().__init__()
+        self.out_dir = Path(out_dir)
+
+    def on_epoch_end(self, epoch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            raise TrainingDiverged(
+                f"training diverged (NaN/Inf loss) in epoch {epoch + 1}; the last good checkpoint is kept in "
+                f"{self.out_dir / 'best.keras'} and the backup in {self.out_dir / 'backup'}"
+            )
 
 
 class EpochStats(keras.callbacks.Callback):
@@ -87,7 +111,13 @@ def check_run_folder(config, out_dir):
 
 
 def check_export_folder(export_dir, out_dir):
-    """An export goes into an absent or empty folder, or over an earlier export of the same run (`EXPORT_RECORD`)."""
+    """An export goes into an absent or empty folder, or over an earlier export of the same run (`EXPORT_RECORD`),
+    on a machine with TensorFlow."""
+    from experiments.export import tensorflow_missing
+
+    missing = tensorflow_missing("--export (a TensorFlow SavedModel)")
+    if missing:
+        raise RunError(missing)
     export_dir = Path(export_dir)
     if export_dir.exists() and not export_dir.is_dir():
         raise RunError(f"--export {export_dir} is a file; give a folder")
@@ -174,17 +204,8 @@ def log_hparams(log_dir, config, trial_id=None):
     the tuner passes ids that stay unique across variants and datasets, so its
     trials and train.py's runs share one table under one log root.
     """
-    import tensorflow as tf
-    from tensorboard.plugins.hparams import api as hparams_api
-
-    values = hparams_values(config)
-    with tf.summary.create_file_writer(str(log_dir)).as_default():
-        hparams_api.hparams_config(
-            hparams=[hparams_api.HParam(name) for name in values],
-            metrics=[hparams_api.Metric(tag, group=group, display_name=f"{group} {tag.removeprefix('epoch_')}")
-                     for tag, group in HPARAMS_METRICS],
-        )
-        hparams_api.hparams(values, trial_id=trial_id or Path(log_dir).parent.name)
+    event_logs.write_hparams(log_dir, hparams_values(config), HPARAMS_METRICS,
+                             trial_id=trial_id or Path(log_dir).parent.name)
 
 
 def build_optimizer(config, steps_per_epoch):
@@ -200,8 +221,57 @@ def build_optimizer(config, steps_per_epoch):
     return keras.optimizers.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
 
 
-def train(config, out_dir, verbose="auto", export_dir=None):
+def use_compilation_cache():
+    """On JAX, keep compiled programs in ``~/.cache/performer_keras/jax`` (delete it at will).
+
+    A run compiles its train, validation and test steps again in every
+    process; with the cache a resumed run, a rerun and the next seed of a row
+    load them instead (JAX's persistent cache, keyed by the program and the
+    device). TensorFlow has no such cache: a no-op there.
+    """
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", str(data.CACHE_DIR / "jax"))
+
+
+def check_distribution(kind, batch_size):
+    """RunError unless `kind` ("none" or "data") can train batches of `batch_size` here."""
+    if kind == "none":
+        return
+    if keras.backend.backend() != "jax":
+        raise RunError(f"--distribute {kind} needs KERAS_BACKEND=jax (Keras' DataParallel), not "
+                       f"{keras.backend.backend()}")
+    devices = len(keras.distribution.list_devices())
+    if batch_size % devices:
+        raise RunError(f"--distribute data splits each batch over {devices} devices: --batch-size {batch_size} "
+                       "is not a multiple of that")
+
+
+@contextlib.contextmanager
+def distribution(kind):
+    """Keras' distribution inside the block: "data" is `DataParallel` over every local device.
+
+    Each global batch is split across the devices and the gradients are
+    averaged, so a run matches a one-device run of the same batch to float
+    tolerance (tests/test_no_tensorflow.py, two virtual CPU devices).
+    Not part of the run's config: a run may resume on another machine.
+    """
+    if kind == "none":
+        yield
+        return
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(keras.distribution.DataParallel())
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+def train(config, out_dir, verbose="auto", export_dir=None, distribute="none"):
     """Train `config` into `out_dir` (resuming if unfinished) and return its metrics.
+
+    `distribute` "data" trains on every local device (`distribution`).
 
     Raises:
         RunError: bad input; nothing existing was touched.
@@ -209,6 +279,8 @@ def train(config, out_dir, verbose="auto", export_dir=None):
     """
     from experiments import evaluation
 
+    use_compilation_cache()
+    check_distribution(distribute, config.batch_size)
     out_dir = check_run_folder(config, out_dir)
     if (out_dir / "metrics.json").exists():
         return read_json(out_dir / "metrics.json")
@@ -225,7 +297,8 @@ def train(config, out_dir, verbose="auto", export_dir=None):
                 copy_shared_weights(build_model(config, splits), source, config.init_from, partial=config.init_from_partial)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json(out_dir / "config.json", config.to_dict())
-        _train_model(config, splits, source, out_dir, verbose)
+        with distribution(distribute):
+            _train_model(config, splits, source, out_dir, verbose)
     if not (out_dir / "throughput.json").exists():
         write_throughput(config, splits or data.load_dataset(config.dataset, limit=config.limit), out_dir)
     if export_dir is not None:
@@ -262,6 +335,23 @@ def dtype_policy(precision):
         keras.config.set_dtype_policy(previous)
 
 
+# Training steps per dispatch from the host, at most: the Keras loop costs the host 5-7 ms
+# a step, as long as a small ViT's step on a GPU. Every callback acts per epoch, so nothing
+# is lost, and the updates are the very same (tested: identical weights to a step at a time).
+STEPS_PER_EXECUTION = 16
+
+
+def steps_per_execution(steps):
+    """The largest count <= `STEPS_PER_EXECUTION` that divides the epoch's `steps`.
+
+    A divisor, because with a shorter last dispatch in each epoch a resumed
+    run stopped matching an uninterrupted one (tests/test_train.py's kill
+    test, 125 steps an epoch at 16 per dispatch), although uninterrupted
+    runs still matched a step at a time; with whole dispatches both match.
+    """
+    return max(count for count in range(1, STEPS_PER_EXECUTION + 1) if steps % count == 0)
+
+
 def build_model(config, splits):
     """The run's model, compiled, from the run's seed: every call gives the same initial weights.
 
@@ -278,7 +368,8 @@ def build_model(config, splits):
         **config.model_overrides(),
     )
     steps = data.steps_per_epoch(len(splits.train[0]), config.batch_size)
-    model.compile(optimizer=build_optimizer(config, steps), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.compile(optimizer=build_optimizer(config, steps), loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                  steps_per_execution=steps_per_execution(steps))
     return model
 
 
@@ -286,15 +377,15 @@ def fit_model(model, config, splits, callbacks, initial_epoch=0, verbose=0):
     """Train `model` from `initial_epoch` to `config.epochs` on the training split, validating on the validation split.
 
     Epoch k's order and augmentation depend on (seed, k) alone
-    (`data.train_pipeline`), so a resumed run sees the very batches of an
+    (`pipelines.train_batches`), so a resumed run sees the very batches of an
     uninterrupted one. Returns Keras' `History`.
     """
     (x_train, y_train), (x_val, y_val) = splits.train, splits.validation
     steps = data.steps_per_epoch(len(x_train), config.batch_size)
-    train_ds = data.train_pipeline(
+    train_ds = pipelines.train_batches(
         x_train, y_train, config.batch_size, config.seed, augmentation(config, splits), initial_epoch, config.epochs
     )
-    val_ds = data.eval_pipeline(x_val, y_val, config.batch_size)
+    val_ds = pipelines.eval_batches(x_val, y_val, config.batch_size)
     return model.fit(
         train_ds, epochs=config.epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
         validation_data=val_ds, callbacks=callbacks, verbose=verbose,
@@ -325,22 +416,14 @@ def _fit(config, splits, source, out_dir, verbose):
         log_hparams(log_dir, config)
     callbacks = [
         EpochStats(),
-        keras.callbacks.TerminateOnNaN(raise_error=True),
+        StopOnNaN(out_dir),
         checkpoints.BestCheckpoint(out_dir / "best.keras", monitor="val_accuracy", best=best_so_far),
         checkpoints.HistoryWriter(out_dir / "history.csv"),
-        keras.callbacks.TensorBoard(log_dir),
+        event_logs.EpochScalars(log_dir),
         # Last, so an epoch counts as finished only once everything above is written.
         checkpoints.KillSafeBackup(backup_dir),
     ]
-    try:
-        fit_model(model, config, splits, callbacks, initial_epoch=start_epoch, verbose=verbose)
-    except RuntimeError as error:
-        if "NaN or Inf loss" not in str(error):
-            raise
-        raise TrainingDiverged(
-            f"training diverged (NaN/Inf loss) in epoch {len(_history_rows(out_dir)) + 1}; "
-            f"the last good checkpoint is kept in {out_dir / 'best.keras'} and the backup in {backup_dir}"
-        ) from None
+    fit_model(model, config, splits, callbacks, initial_epoch=start_epoch, verbose=verbose)
 
 
 def augmentation(config, splits):
@@ -360,7 +443,7 @@ def write_throughput(config, splits, out_dir):
     augment = augmentation(config, splits)
     seconds = sum(float(row["epoch_seconds"]) for row in _history_rows(out_dir))
     write_json(out_dir / "throughput.json", {
-        "pipeline_images_per_second": data.pipeline_throughput(x_train, y_train, config.batch_size, augment, seed=config.seed),
+        "pipeline_images_per_second": pipelines.pipeline_throughput(x_train, y_train, config.batch_size, augment, seed=config.seed),
         "training_images_per_second": steps * config.batch_size * config.epochs / seconds,
     })
 

@@ -24,6 +24,7 @@ _EXPORTS = {
     "RandomFeatures": "random_features",
     "ReluFeatures": "relu_features",
     "RotaryEmbedding2D": "rotary_embedding_2d",
+    "Standardize": "standardize",
     "ToeplitzBias2D": "toeplitz_bias_2d",
     "build_vit": "vit",
     "FeatureMap": "feature_map",

@@ -5,6 +5,7 @@ import keras
 from performer_keras.class_token import ClassToken
 from performer_keras.kernel_attention import KernelAttention
 from performer_keras.position_embedding import PositionEmbedding
+from performer_keras.standardize import Standardize
 
 
 def build_vit(
@@ -51,9 +52,7 @@ def build_vit(
 
     # === Layers and functional model ===
     images = keras.Input(shape=tuple(image_shape), name="images")
-    x = keras.layers.Normalization(
-        mean=mean, variance=[s * s for s in std], name="normalize"
-    )(images)
+    x = Standardize(mean, std, name="normalize")(images)
     x = keras.layers.Conv2D(width, patch_size, strides=patch_size, name="patch_embedding")(x)
     x = keras.layers.Reshape((grid[0] * grid[1], width), name="patches")(x)  # (batch, P, width)
     x = ClassToken(name="class_token")(x)  # (batch, 1 + P, width)

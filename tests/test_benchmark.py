@@ -298,6 +298,62 @@ def test_paired_statistics_holm_and_interaction_by_hand(tmp_path):
 # === End to end: kill, resume, aggregate by hand, report ===
 
 
+def _fake_finished_run(folder, epoch_seconds):
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text("{}")
+    (folder / "best.keras").write_text("checkpoint")
+    (folder / "backup").mkdir()
+    rows = "".join(f"{epoch},{seconds}\n" for epoch, seconds in enumerate(epoch_seconds))
+    (folder / "history.csv").write_text("epoch,epoch_seconds\n" + rows)
+
+
+def test_max_minutes_starts_only_runs_the_time_left_can_finish_and_archive_packs_them(tmp_path):
+    import tarfile
+
+    profile = get_profile("tiny")  # 1 epoch per run; softmax-absolute and favor-absolute, seeds 0 and 1
+    jobs = benchmark.plan(profile, tmp_path)
+    root = benchmark.profile_root(tmp_path, profile)
+    first, second, third, fourth = jobs
+    _fake_finished_run(first.folder(root), [30.0])
+    # The row's own slowest epoch; for favor-absolute, with no finished run, its dataset's.
+    assert benchmark.expected_seconds(second, root) == 30.0
+    assert benchmark.expected_seconds(third, root) == 30.0
+    _fake_finished_run(third.folder(root), [50.0])
+    assert benchmark.expected_seconds(fourth, root) == 50.0
+    assert benchmark.expected_seconds(dataclasses.replace(first, variant="x", cell="elsewhere/x"), tmp_path) is None
+    # 20 s left: no run fits, none starts, and they are told apart from failures.
+    outcome = benchmark.run_queue(jobs, root, deadline=time.monotonic() + 20, log=lambda line: None)
+    assert outcome["no_time"] == [str(second.folder(root)), str(fourth.folder(root))]
+    assert outcome["trained"] == outcome["failed"] == outcome["skipped"] == []
+    assert benchmark.pack_finished(jobs, root, tmp_path / "runs.tar.gz") == 2
+    with tarfile.open(tmp_path / "runs.tar.gz") as tar:
+        names = sorted(tar.getnames())
+    assert names == sorted(str(job.folder(root).relative_to(root) / name)
+                           for job in (first, third) for name in ("history.csv", "metrics.json"))
+
+
+@pytest.mark.slow
+def test_two_workers_share_the_queue_and_the_parent_aggregates_and_archives(tmp_path):
+    import tarfile
+
+    archive = tmp_path / "runs.tar.gz"
+    assert benchmark.main(["--profile", "tiny", "--results-dir", str(tmp_path), "--workers", "2",
+                           "--archive", str(archive)]) == 0
+    profile = get_profile("tiny")
+    jobs = benchmark.plan(profile, tmp_path)
+    root = benchmark.profile_root(tmp_path, profile)
+    assert all(benchmark.is_finished(job, root) for job in jobs)
+    sessions = [json.loads((job.folder(root) / "provenance.json").read_text())["sessions"] for job in jobs]
+    assert all(len(s) == 1 for s in sessions)  # each run trained once, by one worker
+    assert json.loads((root / "aggregate.json").read_text())["runs"]["finished"] == len(jobs)
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {str(job.folder(root).relative_to(root) / "metrics.json") for job in jobs} <= names
+    assert not any(name.endswith("best.keras") or "/backup/" in name for name in names)
+    assert benchmark.drop_options(["--workers", "2", "--archive=x.tar.gz", "--seeds", "0"], ("--workers", "--archive")) \
+        == ["--seeds", "0"]
+
+
 def test_killed_benchmark_resumes_and_aggregates(tmp_path, capsys):
     command = [sys.executable, "-m", "experiments.benchmark", "--profile", "tiny", "--results-dir", str(tmp_path)]
     process = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -343,6 +399,14 @@ def test_killed_benchmark_resumes_and_aggregates(tmp_path, capsys):
     for name in ("pareto_mnist.png", "curves_mnist.png", "saliency_mnist.png"):
         assert (root / name).stat().st_size > 1000, name
     assert "tf-keras-vis SmoothGrad" in readme or "plain input gradient" in readme
+    assert len(result["commits"]) == 1 and "Code version: every finished run was trained by commit" in readme
+    # A run resumed by other code: the report says the table mixes code versions.
+    provenance = root / "runs/mnist/favor-absolute/seed1/provenance.json"
+    sessions = json.loads(provenance.read_text())["sessions"]
+    sessions.append({"commit": "0" * 40, "start_epoch": 1, "keras_backend": "tensorflow"})
+    provenance.write_text(json.dumps({"sessions": sessions}))
+    assert report.main(["--profile", "tiny", "--results-dir", str(tmp_path)]) == 0
+    assert "so this table mixes code versions" in (root / "README.md").read_text()
 
 
 def test_pilot_summary_by_hand(tmp_path):

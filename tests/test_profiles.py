@@ -7,6 +7,7 @@ JSON files back, as a user of the results would.
 """
 
 import json
+import statistics
 import os
 import subprocess
 import sys
@@ -210,3 +211,37 @@ def test_favor_kerple_error_falls_as_1_over_sqrt_m_only_with_smaller_qk_norms():
     assert table[0.25][64] / table[0.25][1024] > 3.5
     # At Luo et al.'s norm the estimate stays off by about the output's own size.
     assert table[1.0][1024] > 0.5 and table[1.0][64] / table[1.0][1024] < 2.0
+
+
+# === The engine benchmark ===
+
+
+@pytest.mark.slow
+def test_engine_child_measures_every_subject_with_a_stock_vit_of_equal_size():
+    from profiles import engine
+
+    task = dict(engine.TASK, size="tiny", limit=512, rounds=1, subjects=engine.SUBJECTS)
+    events = engine.run_child(task, "tensorflow", log=lambda line: None)
+    params = next(e for e in events if e["event"] == "setup")["params"]
+    # The stock ViT swaps attention only: MultiHeadAttention has the same projections as softmax KernelAttention.
+    assert params["stock"] == params["fit:softmax-absolute"]
+    median, samples = engine.medians(events)
+    assert set(median) == set(engine.SUBJECTS) and all(len(v) == 1 and v[0] > 0 for v in samples.values())
+    assert set(engine.ratios(median)) == set(engine.TARGETS) - {"train_path_over_baseline"}
+
+
+def test_engine_baseline_alternates_processes_and_takes_medians(monkeypatch):
+    from profiles import engine
+
+    calls = []
+
+    def fake_child(task, backend, code, log):
+        calls.append(Path(code).name)
+        speed = 300.0 if Path(code) == engine.REPO else 100.0 + len(calls)
+        return [{"event": "sample", "subject": "train_path", "warmup": False, "images_per_second": speed}]
+
+    monkeypatch.setattr(engine, "run_child", fake_child)
+    result = engine.baseline_comparison("/tmp/old", "tensorflow", log=lambda line: None)
+    assert calls == [engine.REPO.name, "old"] * engine.BASELINE_ROUNDS
+    assert result["baseline_images_per_second"] == statistics.median([102.0, 104.0])
+    assert result["train_path_over_baseline"] == pytest.approx(300.0 / 103.0)

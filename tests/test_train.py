@@ -285,3 +285,26 @@ def test_nan_loss_stops_with_a_message(tmp_path, capsys):
     assert code == 3
     assert "NaN/Inf loss" in last_line
     assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_many_steps_per_dispatch_give_the_same_weights_as_one():
+    from experiments import data, training
+    from experiments.run_config import RunConfig
+
+    # 22 steps an epoch: 11 per dispatch, over two epochs, with feature redraws every 7 steps.
+    splits = data.load_dataset("mnist", limit=720)
+    config = RunConfig(variant="favor-rope", size="tiny", batch_size=32, epochs=2, seed=3, limit=720,
+                       redraw_interval=7)
+    weights = []
+    for per_dispatch in (None, 1):
+        model = training.build_model(config, splits)
+        if per_dispatch:
+            model.compile(optimizer=training.build_optimizer(config, 22), loss="sparse_categorical_crossentropy",
+                          metrics=["accuracy"], steps_per_execution=per_dispatch)
+        else:
+            assert model.steps_per_execution == 11
+        training.fit_model(model, config, splits, [], 0, 0)
+        weights.append(model.get_weights())
+    for fast, slow in zip(*weights):
+        np.testing.assert_array_equal(fast, slow)
+    assert [training.steps_per_execution(n) for n in (22, 125, 175, 214, 429, 17)] == [11, 5, 7, 2, 13, 1]

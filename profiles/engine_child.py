@@ -1,0 +1,131 @@
+"""One process of the engine benchmark (`profiles/engine.py`): training images/s of its subjects.
+
+Run as a script, ``python profiles/engine_child.py TASK_JSON``, with the code
+to measure first on PYTHONPATH: the parent runs it against this checkout and
+against another one (`--baseline`), so it uses only what both have
+(`training.build_model`, `training._train_model`, `data.load_dataset`,
+`RunConfig`). It reports one event per measurement (`profiles.child.emit`).
+
+Subjects, each measured once per round, rounds alternating, the first round
+a warm-up (compilation) that is not kept:
+
+* ``fit:<variant>``: the project's model, ``model.fit`` on float32 numpy
+  arrays of the training split, no callbacks (a bare fit).
+* ``stock``: the same ViT with every `KernelAttention` replaced by Keras'
+  ``MultiHeadAttention`` (same heads and widths), fitted the same way.
+* ``train_path``: train.py's own path, ``training._train_model`` into a
+  fresh folder for two epochs (its pipeline with augmentation, its callbacks
+  and writes; a 256-image validation split); the second epoch's
+  ``epoch_seconds`` from history.csv is kept.
+"""
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+
+
+class StockSelfAttention(keras.layers.Layer):
+    """Keras' MultiHeadAttention called on one input, so it stands where a KernelAttention stood."""
+
+    def __init__(self, num_heads, key_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.attention = keras.layers.MultiHeadAttention(num_heads, key_dim)
+
+    def build(self, inputs_shape):
+        self.attention.build(inputs_shape, inputs_shape)
+
+    def call(self, inputs):
+        return self.attention(inputs, inputs)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+
+class EpochTimer(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds = time.perf_counter() - self.start
+
+
+def stock_model(model, config, splits):
+    """`model` with each KernelAttention swapped for `StockSelfAttention`, compiled like the project's."""
+    from experiments import training
+
+    def swap(layer):
+        if type(layer).__name__ == "KernelAttention":
+            width = layer.input.shape[-1]
+            return StockSelfAttention(layer.num_heads, key_dim=width // layer.num_heads, name=layer.name)
+        return layer.__class__.from_config(layer.get_config())
+
+    stock = keras.models.clone_model(model, clone_function=swap)
+    steps = len(splits.train[0]) // config.batch_size
+    stock.compile(optimizer=training.build_optimizer(config, steps), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return stock
+
+
+def measure(task, emit):
+    from experiments import data, training
+    from experiments.run_config import RunConfig
+
+    splits = data.load_dataset(task["dataset"], limit=task["limit"], validation_size=task["validation_size"])
+    x, y = splits.train[0].astype("float32"), splits.train[1]
+    configs = {variant: RunConfig(variant=variant, dataset=task["dataset"], size=task["size"], epochs=task["epochs"],
+                                  batch_size=task["batch_size"], seed=0, limit=task["limit"])
+               for variant in task["variants"]}
+    models = {}
+    for subject in task["subjects"]:
+        if subject.startswith("fit:"):
+            models[subject] = training.build_model(configs[subject[4:]], splits)
+        elif subject == "stock":
+            base = configs[task["variants"][0]]
+            models[subject] = stock_model(training.build_model(base, splits), base, splits)
+    emit({"event": "setup", "train_images": len(x),
+          "params": {name: int(sum(np.prod(w.shape) for w in m.trainable_weights)) for name, m in models.items()}})
+    for round_index in range(task["rounds"] + 1):
+        for subject in task["subjects"]:
+            if subject == "train_path":
+                seconds = train_path_seconds(configs[task["variants"][0]], splits, training)
+            else:
+                timer = EpochTimer()
+                models[subject].fit(x, y, batch_size=task["batch_size"], epochs=1, shuffle=False, verbose=0,
+                                    callbacks=[timer])
+                seconds = timer.seconds
+            steps = len(x) // task["batch_size"]
+            emit({"event": "sample", "subject": subject, "round": round_index, "warmup": round_index == 0,
+                  "images_per_second": steps * task["batch_size"] / seconds})
+
+
+def train_path_seconds(config, splits, training):
+    import dataclasses
+
+    two_epochs = dataclasses.replace(config, epochs=2)
+    with tempfile.TemporaryDirectory() as folder:
+        training._train_model(two_epochs, splits, None, Path(folder), 0)
+        rows = training.checkpoints.read_history(Path(folder) / "history.csv")
+    return float(rows[-1]["epoch_seconds"])
+
+
+def main(argv):
+    from profiles.child import emit
+
+    import experiments
+
+    task = json.loads(argv[0])
+    # Where the measured code was really imported from, so a baseline cannot silently measure this checkout.
+    emit({"event": "start", "backend": keras.backend.backend(), "code": task.get("code"),
+          "experiments_from": str(Path(experiments.__file__).resolve().parent.parent)})
+    measure(task, emit)
+    emit({"event": "done"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,130 @@
+"""The JAX path on a machine without TensorFlow: train, kill, resume, evaluate, benchmark and report.
+
+Each command runs in a real process (the point is what it imports) with
+``KERAS_BACKEND=jax`` and ``sys.modules["tensorflow"] = None``, so any
+``import tensorflow`` fails there, as on a GPU machine with a CUDA JAX and no
+TensorFlow.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments import atomic
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+# Block TensorFlow, then run a script (path) or a module (-m name) with the rest of argv.
+DRIVER = (
+    "import runpy, sys; sys.modules['tensorflow'] = None; args = sys.argv[1:]; "
+    "sys.argv = args[1:] if args[0] == '-m' else args; "
+    "runpy.run_module(args[1], run_name='__main__', alter_sys=True) if args[0] == '-m' "
+    "else runpy.run_path(args[0], run_name='__main__')"
+)
+TRAIN = ["train.py", "--variant", "favor-rope", "--size", "tiny", "--limit", "300", "--batch-size", "32",
+         "--epochs", "3", "--num-features", "8"]
+
+
+def environment(**extra):
+    return dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO), **extra)
+
+
+def run(*args, expect=0, **extra):
+    done = subprocess.run([sys.executable, "-c", DRIVER, *map(str, args)], cwd=REPO, env=environment(**extra),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == expect, done.stderr[-3000:]
+    return done
+
+
+def metrics(out):
+    return json.loads((Path(out) / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("no_tf") / "run"
+    run(*TRAIN, "--out", out)
+    return out
+
+
+def test_training_writes_a_complete_run_folder_with_tensorboard_logs(uninterrupted):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert metrics(uninterrupted)["backend"] == "jax"
+    assert {"config.json", "history.csv", "best.keras", "metrics.json", "throughput.json"} <= {
+        p.name for p in uninterrupted.iterdir()}
+    tags = {}
+    for group in ("train", "validation", "test"):
+        events = EventAccumulator(str(uninterrupted / "logs" / group), size_guidance={"tensors": 0})
+        events.Reload()
+        tags[group] = set(events.Tags()["tensors"])
+    assert {"epoch_accuracy", "epoch_loss", "epoch_learning_rate"} <= tags["train"]
+    assert {"epoch_accuracy", "epoch_loss"} <= tags["validation"] and "test_accuracy" in tags["test"]
+
+
+def test_a_killed_run_resumes_to_identical_metrics(uninterrupted, tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-c", DRIVER, *TRAIN, "--out", str(out)]
+    # Paused after epoch 2's backup is complete and before it is renamed into place, then killed.
+    process = subprocess.Popen(command, cwd=REPO, env=environment(**{atomic.PAUSE_VARIABLE: "state.json:2"}),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None and not any(out.rglob("*.paused")):
+        time.sleep(0.05)
+    paused = any(out.rglob("*.paused"))
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert paused and not (out / "metrics.json").exists()
+    run(*TRAIN, "--out", out)
+    resumed, whole = metrics(out), metrics(uninterrupted)
+    assert resumed["confusion_matrix"] == whole["confusion_matrix"]
+    assert resumed["log_likelihood"] == pytest.approx(whole["log_likelihood"], rel=1e-5)
+    assert (out / "history.csv").read_text().count("\n") == 4  # header and three epochs
+    sessions = json.loads((out / "provenance.json").read_text())["sessions"]
+    assert [s["start_epoch"] for s in sessions] == [0, 1] and {s["keras_backend"] for s in sessions} == {"jax"}
+
+
+def test_evaluate_a_checkpoint_and_refuse_export_in_one_line(uninterrupted, tmp_path):
+    done = run("evaluate.py", uninterrupted / "best.keras", "--dataset", "mnist", "--limit", "200",
+               "--out", tmp_path / "eval")
+    assert "test_accuracy" in done.stdout and (tmp_path / "eval" / "metrics.json").is_file()
+    refused = run(*TRAIN, "--out", tmp_path / "other", "--export", tmp_path / "export", expect=2)
+    assert refused.stderr.count("\n") == 1 and "needs TensorFlow" in refused.stderr
+    assert not (tmp_path / "other").exists() and not (tmp_path / "export").exists()
+
+
+def test_benchmark_and_report_run_without_tensorflow(tmp_path):
+    run("-m", "experiments.benchmark", "--profile", "tiny", "--results-dir", tmp_path)
+    run("-m", "experiments.report", "--profile", "tiny", "--results-dir", tmp_path)
+    report = (tmp_path / "tiny" / "README.md").read_text()
+    assert "softmax-absolute" in report and "saliency maps need the TensorFlow backend" in report
+
+
+def test_compiled_programs_are_cached_where_the_readme_says(uninterrupted):
+    from experiments.data import CACHE_DIR
+
+    assert any((CACHE_DIR / "jax").iterdir())
+
+
+def test_data_parallel_over_two_devices_matches_one_device(tmp_path):
+    # Two virtual CPU devices; the same global batch of 32 on one device and split over both.
+    program = (
+        "import json, sys; sys.modules['tensorflow'] = None; import keras, train; "
+        "assert len(keras.distribution.list_devices()) == 2; "
+        f"args = {TRAIN[1:]!r}; "
+        f"assert train.main([*args, '--out', {str(tmp_path / 'one')!r}]) == 0; "
+        f"assert train.main([*args, '--distribute', 'data', '--out', {str(tmp_path / 'two')!r}]) == 0"
+    )
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=environment(XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert two["log_likelihood"] == pytest.approx(one["log_likelihood"], rel=1e-4)
+    assert two["test_accuracy"] == pytest.approx(one["test_accuracy"], abs=2 / one["test_examples"])

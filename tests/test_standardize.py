@@ -1,0 +1,29 @@
+"""Standardize against a numpy reference, its config, and a model with it under mixed precision."""
+
+import keras
+import numpy as np
+import pytest
+
+from performer_keras import Standardize
+
+
+def test_matches_numpy_and_round_trips_its_config():
+    images = np.random.default_rng(0).integers(0, 256, (4, 6, 5, 3)).astype(np.float32)
+    mean, std = [120.0, 110.5, 99.0], [60.0, 55.0, 70.25]
+    layer = Standardize(mean, std, name="normalize")
+    expected = (images - np.array(mean)) / np.array(std)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(images)), expected, rtol=1e-6, atol=1e-6)
+    clone = Standardize.from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config() and not clone.weights
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(clone(images)), expected, rtol=1e-6, atol=1e-6)
+    half = Standardize(mean, std, dtype="mixed_bfloat16")
+    assert keras.backend.standardize_dtype(half(images).dtype) == "bfloat16"
+
+
+def test_refuses_mismatched_channels_and_zero_std():
+    with pytest.raises(ValueError, match="std > 0"):
+        Standardize([0.0], [0.0])
+    with pytest.raises(ValueError, match="one value per channel"):
+        Standardize([0.0, 1.0], [1.0])
+    with pytest.raises(ValueError, match="3 channels"):
+        Standardize([0.0] * 3, [1.0] * 3)(np.zeros((1, 2, 2, 1), np.float32))
