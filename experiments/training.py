@@ -130,13 +130,14 @@ def check_export_folder(export_dir, out_dir):
         raise RunError(f"--export {export_dir} holds {whose}; choose another folder")
 
 
-def code_version():
-    """The git commit of this code ("+dirty" with uncommitted changes), or None outside a checkout."""
-    repo = Path(__file__).resolve().parent.parent
+def code_version(repo=Path(__file__).resolve().parent.parent):
+    """The git commit of the checkout `repo` (this code's by default), "+dirty" with uncommitted changes
+    outside results/; None outside a checkout."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                                capture_output=True, text=True, timeout=10)
+        # Results are data, not code: a queue writing its log into results/ is no dirty checkout.
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"],
+                                cwd=repo, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     if commit.returncode != 0:

@@ -308,3 +308,25 @@ def test_many_steps_per_dispatch_give_the_same_weights_as_one():
     for fast, slow in zip(*weights):
         np.testing.assert_array_equal(fast, slow)
     assert [training.steps_per_execution(n) for n in (22, 125, 175, 214, 429, 17)] == [11, 5, 7, 2, 13, 1]
+
+
+def test_code_version_is_dirty_for_code_changes_not_for_results(tmp_path):
+    from experiments.training import code_version
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "code.py").write_text("a = 1\n")
+    (tmp_path / "results" / "log.txt").write_text("run 1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-q", "-m", "start")
+    clean = code_version(tmp_path)
+    assert len(clean) == 40 and not clean.endswith("+dirty")
+    (tmp_path / "results" / "log.txt").write_text("run 2\n")  # a queue's log: data, not code
+    assert code_version(tmp_path) == clean
+    (tmp_path / "code.py").write_text("a = 2\n")
+    assert code_version(tmp_path) == clean + "+dirty"
+    assert code_version(tmp_path / "results") is not None  # a subfolder is still in the checkout
