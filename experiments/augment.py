@@ -73,23 +73,25 @@ def draw(kind, seed, epoch, index):
 
 def uniforms(seed, epoch, index):
     """``(B, DRAWS)`` float32 in [0, 1), a pure function of (seed, epoch, index[b], draw)."""
-    word = lambda value: ops.cast(value, "uint32")
-    key = _hash(ops.bitwise_xor(_hash(word(seed % 2**32)), word(epoch)))
-    example = _hash(ops.bitwise_xor(key, _hash(word(index))))  # (B,)
-    counters = word([(draw * _GOLDEN) % 2**32 for draw in range(DRAWS)])
+    key = _hash(ops.bitwise_xor(_hash(_word(seed % 2**32)), _word(epoch)))
+    example = _hash(ops.bitwise_xor(key, _hash(_word(index))))  # (B,)
+    counters = _word([(draw * _GOLDEN) % 2**32 for draw in range(DRAWS)])
     bits = _hash(ops.bitwise_xor(example[:, None], counters[None, :]))
     # The top 24 bits are exact in float32 and give a uniform grid on [0, 1).
-    return ops.cast(ops.right_shift(bits, word(8)), "float32") * (1.0 / (1 << 24))
+    return ops.cast(ops.right_shift(bits, _word(8)), "float32") * (1.0 / (1 << 24))
+
+
+def _word(value):
+    return ops.cast(value, "uint32")
 
 
 def _hash(x):
     """lowbias32: a bijection of uint32 whose output bits each depend on every input bit."""
-    word = lambda value: ops.cast(value, "uint32")
-    x = ops.bitwise_xor(x, ops.right_shift(x, word(16)))
-    x = ops.multiply(x, word(0x7FEB352D))
-    x = ops.bitwise_xor(x, ops.right_shift(x, word(15)))
-    x = ops.multiply(x, word(0x846CA68B))
-    return ops.bitwise_xor(x, ops.right_shift(x, word(16)))
+    x = ops.bitwise_xor(x, ops.right_shift(x, _word(16)))
+    x = ops.multiply(x, _word(0x7FEB352D))
+    x = ops.bitwise_xor(x, ops.right_shift(x, _word(15)))
+    x = ops.multiply(x, _word(0x846CA68B))
+    return ops.bitwise_xor(x, ops.right_shift(x, _word(16)))
 
 
 def rotate(images, angles):

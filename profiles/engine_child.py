@@ -22,7 +22,6 @@ a warm-up (compilation) that is not kept:
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import keras
@@ -44,14 +43,6 @@ class StockSelfAttention(keras.layers.Layer):
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
-
-
-class EpochTimer(keras.callbacks.Callback):
-    def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds = time.perf_counter() - self.start
 
 
 def stock_model(model, config, splits):
@@ -94,10 +85,9 @@ def measure(task, emit):
             if subject == "train_path":
                 seconds = train_path_seconds(configs[task["variants"][0]], splits, training)
             else:
-                timer = EpochTimer()
-                models[subject].fit(x, y, batch_size=task["batch_size"], epochs=1, shuffle=False, verbose=0,
-                                    callbacks=[timer])
-                seconds = timer.seconds
+                history = models[subject].fit(x, y, batch_size=task["batch_size"], epochs=1, shuffle=False,
+                                              verbose=0, callbacks=[training.EpochStats()])
+                seconds = history.history["epoch_seconds"][-1]
             steps = len(x) // task["batch_size"]
             emit({"event": "sample", "subject": subject, "round": round_index, "warmup": round_index == 0,
                   "images_per_second": steps * task["batch_size"] / seconds})
