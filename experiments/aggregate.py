@@ -19,7 +19,11 @@ metrics.json) of every planned cell and returns one JSON-ready dict:
   Each row of the main table is compared with softmax-absolute (the plain
   softmax ViT), with softmax at the same position and, for a relative
   position, with its own kernel at absolute positions; each init-from run
-  with the same variant trained from scratch.
+  with the same variant trained from scratch;
+* the 2 x 2 of position (absolute, kerple) x q/k normalisation where the
+  normalize_qk rows complete it (`normalization_contrasts`): the position's
+  effect at a fixed normalisation, the normalisation's at a fixed position,
+  and the gap closed by kerple within each normalisation.
 
 The statistics are `significance.py` (paired t, Holm over the family of
 main-table comparisons, minimum detectable difference, test-set sampling error).
@@ -32,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import atomic, significance
-from performer_keras.registry import main_kernels
+from performer_keras.registry import POSITION_TABLE, main_kernels
 
 CONFIDENCE = significance.CONFIDENCE
 BASELINE = "softmax-absolute"
@@ -208,6 +212,49 @@ def add_comparisons(cells):
     return cells
 
 
+def normalization_contrasts(cells):
+    """Paired contrasts of the position x q/k normalisation 2 x 2, per dataset and kernel.
+
+    The four cells of a kernel are <kernel>-absolute and <kernel>-kerple at their
+    default normalisation (variant rows: off and on) and switched (normalize_qk
+    rows). Outside the Holm family: they explain the main table's kerple rows,
+    they are not the question. Returns [{"dataset", "kernel", "contrast",
+    "baseline", **paired test}] for every contrast whose cells all exist.
+    """
+    index = {}
+    for cell in cells:
+        if cell["experiment"] not in ("variants", "normalize_qk"):
+            continue
+        kernel, _, position = cell["variant"].partition("-")
+        normalized = cell["setting"].get("normalize_qk", POSITION_TABLE[position].normalize_qk)
+        index[(cell["dataset"], kernel, position, bool(normalized))] = cell
+    contrasts = []
+    for dataset, kernel in dict.fromkeys((d, k) for d, k, p, n in index if p == "kerple" and not n):
+        def cell(position, normalized, kernel=kernel):
+            return index.get((dataset, kernel, position, normalized))
+
+        def name(position, normalized, kernel=kernel):
+            return f"{kernel}-{position} (q/k norm {'on' if normalized else 'off'})"
+
+        wanted = [(f"kerple - absolute, q/k norm {state}", cell("kerple", on), cell("absolute", on), name("absolute", on))
+                  for state, on in (("on", True), ("off", False))]
+        wanted += [(f"q/k norm on - off, {position}", cell(position, True), cell(position, False), name(position, False))
+                   for position in ("absolute", "kerple")]
+        for state, on in (("on", True), ("off", False)):
+            if kernel != "softmax":
+                others = [cell("kerple", on, "softmax"), cell("absolute", on), cell("absolute", on, "softmax")]
+                wanted.append((f"gap closed by kerple, q/k norm {state}", cell("kerple", on), others,
+                               f"(softmax-kerple) - ({kernel}-absolute - softmax-absolute), all q/k norm {state}"))
+        for contrast, first, rest, baseline in wanted:
+            rest = rest if isinstance(rest, list) else [rest]
+            if first is None or not all(rest):
+                continue
+            test = paired_difference(*(accuracies(c) for c in [first] + rest))
+            if test:
+                contrasts.append({"dataset": dataset, "kernel": kernel, "contrast": contrast, "baseline": baseline, **test})
+    return contrasts
+
+
 def _compare(cell, other, baseline):
     """The paired accuracy difference cell - other, named by `baseline`; None without `other`."""
     if other is None:
@@ -287,6 +334,7 @@ def aggregate(root, cells, **header):
         "commits": sorted({commit for cell in aggregated for run in cell["commits"].values() for commit in run}),
         "devices": sorted({v["device"] for v in per_seed if v["device"]}),
         "backends": sorted({v["backend"] for v in per_seed if v["backend"]}),
+        "normalization": normalization_contrasts(aggregated),
         "cells": aggregated,
     }
 

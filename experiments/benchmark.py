@@ -11,6 +11,8 @@ own folder under results/<profile>/:
     runs/<dataset>/<variant>/seed<k>/                         the variant rows
     ablations/num_features/<dataset>/<variant>-m<M>/seed<k>/  random features m = M
     ablations/init_from/<dataset>/<variant>/seed<k>/          started from runs/<dataset>/softmax-absolute/seed<k>/best.keras
+    ablations/normalize_qk/<dataset>/<variant>-qknorm-<on|off>/seed<k>/
+                                                              q/k normalisation switched from the variant's default
 
 A run with metrics.json is finished and skipped; an unfinished one resumes from
 its last finished epoch; a folder holding a run of other settings is refused
@@ -31,7 +33,7 @@ is that row's folder, not a second copy.
 The queue runs the main table first, dataset by dataset, all seeds of a row
 before the next row, so that whole cells of the main table finish first; then
 the profile's deferred rows (`Profile.deferred`, on every dataset), then the
-extra rows (exp, linformer), then the init-from and num_features experiments. At the end aggregate.json is
+extra rows (exp, linformer), then the init-from, num_features and normalize_qk experiments. At the end aggregate.json is
 written (`aggregate.py`); the report is `python -m experiments.report`.
 
 Exit status: 0 when every queued run is finished or was left for lack of time
@@ -52,7 +54,7 @@ from experiments.cli import SELECTION_OPTIONS, fail, interruptible, parser
 from experiments.run_config import RunError
 from performer_keras.options import check_choice
 
-EXPERIMENTS = ("variants", "init_from", "num_features")
+EXPERIMENTS = ("variants", "init_from", "num_features", "normalize_qk")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +153,14 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
                         config = profile.config(variant, dataset, seed, epochs, num_features=m)
                         cell = variant_cell(dataset, variant) if shared else f"ablations/num_features/{dataset}/{variant}-m{m}"
                         add(Job("num_features", dataset, variant, f"{variant}-m{m}", seed, cell, config))
+    if "normalize_qk" in experiments:
+        for dataset in (d for d in datasets if d in profile.normalize_qk.get("datasets", ())):
+            for variant in filter(wanted, profile.normalize_qk["variants"]):
+                switched = not profile.config(variant, dataset, 0, epochs).normalizes_qk
+                label = f"{variant}-qknorm-{'on' if switched else 'off'}"
+                for seed in ablation_seeds:
+                    config = profile.config(variant, dataset, seed, epochs, normalize_qk=switched)
+                    add(Job("normalize_qk", dataset, variant, label, seed, f"ablations/normalize_qk/{dataset}/{label}", config))
     return jobs
 
 
@@ -175,7 +185,8 @@ def cells(jobs):
             "experiment": job.experiment, "dataset": job.dataset, "variant": job.variant, "label": job.label,
             "directory": job.cell, "seeds": [],
             "setting": {"num_features": job.config.num_features} if job.experiment == "num_features"
-            else {"init_from": "softmax-absolute"} if job.experiment == "init_from" else {},
+            else {"init_from": "softmax-absolute"} if job.experiment == "init_from"
+            else {"normalize_qk": job.config.normalize_qk} if job.experiment == "normalize_qk" else {},
         })
         row["seeds"].append(job.seed)
     return list(rows.values())

@@ -18,6 +18,9 @@ from experiments.run_config import RunConfig, RunError, read_hparams
 
 EXTRA_VARIANTS = tuple(v for v in list_variants(extra=True) if v not in list_variants())
 NUM_FEATURES_ABLATION = (16, 32, 64, 128, 256)
+# The 2 x 2 of position x q/k normalisation for softmax and FAVOR+: with the
+# variant rows (absolute without, kerple with) these rows complete it.
+NORMALIZE_QK_VARIANTS = ("softmax-absolute", "favor-absolute", "softmax-kerple", "favor-kerple")
 LINEAR_BASELINES = ("favor-absolute", "relu-absolute")
 INIT_FROM_VARIANTS = ("favor-absolute", "relu-absolute", "linformer-absolute")
 
@@ -50,6 +53,10 @@ class Profile:
             the random-feature ablation (empty: none).
         init_from: {"variants": ..., "datasets": ...} started from the
             softmax-absolute run of the same dataset and seed (empty: none).
+        normalize_qk: {"variants": ..., "datasets": ...} trained with q/k
+            normalisation switched from the variant's default (on for
+            absolute, off for kerple), so that the table separates the effect
+            of the position from that of the normalisation (empty: none).
         hparams_dir: folder of the tuner's <dataset>/<variant>/best_hparams.json;
             the searched hyperparameters of a variant that has one replace
             `settings` (None: not tuned).
@@ -67,6 +74,7 @@ class Profile:
     ablation_seeds: tuple | None = None
     num_features: dict = dataclasses.field(default_factory=dict)
     init_from: dict = dataclasses.field(default_factory=dict)
+    normalize_qk: dict = dataclasses.field(default_factory=dict)
     hparams_dir: str | None = None
     dataset_settings: dict = dataclasses.field(default_factory=dict)
     deferred: tuple = ()
@@ -128,7 +136,10 @@ def reference():
     warmup epoch then cosine decay; full MNIST (55,000 / 5,000 / 10,000) for 20
     epochs and CIFAR-10 (45,000 / 5,000 / 10,000) for 100 epochs; seeds 0, 1, 2.
     Ablations: m in {16, 32, 64, 128, 256} for favor-absolute and relu-absolute,
-    and favor, relu, linformer (absolute) started from the softmax-absolute run.
+    favor, relu, linformer (absolute) started from the softmax-absolute run, and
+    q/k normalisation switched (on for absolute, off for kerple) for softmax and
+    favor, which separates the position from the normalisation. Normalised q
+    and k have norm 0.25 sqrt(d) (`registry.DEFAULT_QK_NORM`).
 
     Command (a GPU machine, JAX backend of Keras):
         KERAS_BACKEND=jax python -m experiments.benchmark --profile reference
@@ -150,6 +161,7 @@ def reference():
         backend="jax",
         num_features=dict(variants=LINEAR_BASELINES, values=NUM_FEATURES_ABLATION, datasets=("mnist", "cifar10")),
         init_from=dict(variants=INIT_FROM_VARIANTS, datasets=("mnist", "cifar10")),
+        normalize_qk=dict(variants=NORMALIZE_QK_VARIANTS, datasets=("mnist", "cifar10")),
     )
 
 
@@ -167,7 +179,9 @@ def small():
     sqrt(5), about half as wide, and the main table is the question.
     Extras: the exp and linformer rows; favor, relu, linformer (absolute) started
     from the softmax-absolute run; m in {16, 32, 64, 128, 256} for favor-absolute
-    and relu-absolute.
+    and relu-absolute. Its kerple rows normalise q and k to Luo et al.'s norm
+    sqrt(d) (qk_norm 1, the default when they ran; FAVOR+ is a poor estimate
+    of softmax there) and it has no normalisation rows.
 
     Why these numbers: the Toeplitz FFT of kerple with a linear kernel
     correlates m (d + 1) channels per head, so m and the number of training
@@ -198,7 +212,8 @@ def small():
         seeds=(0, 1, 2, 3, 4),
         ablation_seeds=(0, 1, 2),
         epochs={"mnist": 4, "cifar10": 4},
-        settings=dict(size="small", num_features=16, batch_size=64, limit=2500, limit_test=False),
+        settings=dict(size="small", num_features=16, batch_size=64, limit=2500, limit_test=False, qk_norm=1.0),
+        normalize_qk={},
         pipeline_check=True,
     )
 
@@ -213,8 +228,13 @@ def cpu():
     10,000-image test set; 40 epochs on CIFAR-10, 20 on MNIST; seeds 0, 1, 2;
     TensorFlow (this CPU's fastest engine). The queue runs CIFAR-10 first, the
     absolute, rope and string rows, then MNIST; the three kerple rows are
-    deferred to the end (`deferred`): at today's 40-80x cost of a linear kernel
-    with kerple they would take hours a run, and the kerple issue changes them.
+    deferred to the end (`deferred`): they waited for the kerple issue's
+    dense path and q/k norm. Kerple normalises q and k to 0.25 sqrt(d)
+    (`registry.DEFAULT_QK_NORM`, where FAVOR+ stays an accurate estimate of
+    softmax). Last, on CIFAR-10, softmax and favor with q/k normalisation
+    switched (absolute with it, kerple without it, 12 runs): with the main
+    rows they make the 2 x 2 of position x normalisation, so the report can
+    tell what the position does at a fixed normalisation.
 
     Why these numbers (results/cpu-pilots/README.md, judged on validation):
     the pilots compared head dimension 16 and 32 at m = 16 (softmax, favor and
@@ -266,6 +286,7 @@ def cpu():
         settings=dict(size="small", heads=4, num_features=16, batch_size=256, learning_rate=2e-3),
         backend="tensorflow",
         deferred=tuple(f"{kernel}-kerple" for kernel in main_kernels()),
+        normalize_qk=dict(variants=NORMALIZE_QK_VARIANTS, datasets=("cifar10",)),
     )
 
 

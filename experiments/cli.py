@@ -113,7 +113,8 @@ OPTIONS = {
     "rotation-order": dict(help="rotate q and k before or after the feature map"),
     "rope-mixed": dict(**_SWITCH, help="learned RoPE frequencies mixing rows and columns"),
     "normalize-qk": dict(**_SWITCH, help="l2-normalise q and k (default: on for kerple only)"),
-    "qk-norm": dict(type=positive_float, help="with --normalize-qk, the norm of q and k in units of sqrt(d) (default 1)"),
+    "learn-qk-norm": dict(**_SWITCH, help="with --normalize-qk, learn each head's norm, starting at --qk-norm"),
+    "qk-norm": dict(type=positive_float, help="with --normalize-qk, the norm of q and k in units of sqrt(d) (default 0.25; Luo et al.'s is 1)"),
     "absolute-position": dict(**_SWITCH, help="add the learned absolute embedding"),
     "linformer-dim": dict(type=positive_int, help="projected length k of linformer"),
     "precision": dict(help="float32, mixed_bfloat16 or mixed_float16"),
@@ -145,7 +146,7 @@ OPTIONS = {
     "quiet": dict(**_FLAG, help="no per-trial output"),
     # The benchmark.
     "profile": dict(default="small", help="a profile of experiments/benchmark_profiles.py (default small)"),
-    "experiments": dict(nargs="+", help="some of variants, init_from, num_features (default: all three)"),
+    "experiments": dict(nargs="+", help="some of variants, init_from, num_features, normalize_qk (default: all)"),
     "max-runs": dict(type=non_negative_int, help="stop after training this many runs"),
     "max-minutes": dict(type=positive_float, help="start no run that the time left cannot finish, judged by the "
                                                    "finished runs' epoch times, then stop cleanly"),
@@ -188,7 +189,7 @@ VARIANT_OPTIONS = ("variant", "attention", "position")
 RUN_OPTIONS = (
     *VARIANT_OPTIONS, "dataset", "limit", "size", "width", "depth", "heads", "mlp-dim",
     "patch-size", "num-features", "redraw-interval", "orthogonal", "deterministic", "rotation-order",
-    "rope-mixed", "normalize-qk", "qk-norm", "absolute-position", "linformer-dim", "precision", "augment",
+    "rope-mixed", "normalize-qk", "qk-norm", "learn-qk-norm", "absolute-position", "linformer-dim", "precision", "augment",
     "epochs", "batch-size", "seed",
 )
 # The benchmark's queue selection, shared with its report.

@@ -34,7 +34,7 @@ from experiments.benchmark_figures import dataset_name, plot_curves, plot_pareto
 from experiments.benchmark_profiles import PROFILES, get_profile
 from experiments.cli import SELECTION_OPTIONS, fail, parser
 from experiments.markdown import table_lines
-from experiments.run_config import RunError
+from experiments.run_config import LATER_FIELDS, RunError
 from experiments.saliency import SALIENCY_IMAGES, plot_saliency
 from performer_keras.registry import POSITIONS, main_kernels
 
@@ -302,6 +302,7 @@ def ablation_lines(aggregated):
         ]
         lines += ["Inference ms per image (batch 1):", ""]
         lines += table_lines(["dataset", "variant"] + [f"m = {m}" for m in values], latency_rows) + [""]
+    lines += normalization_lines(aggregated)
     cells = _by(aggregated["cells"], "init_from")
     if cells:
         scratch = {(c["dataset"], c["variant"]): c for c in _by(aggregated["cells"], "variants")}
@@ -319,11 +320,45 @@ def ablation_lines(aggregated):
     return lines
 
 
+def normalization_lines(aggregated):
+    """The position x q/k normalisation 2 x 2: accuracies, then its paired contrasts."""
+    switched = _by(aggregated["cells"], "normalize_qk")
+    if not switched:
+        return []
+    rows_of = {(c["dataset"], c["variant"]): c for c in _by(aggregated["cells"], "variants")}
+    index = {(c["dataset"], c["variant"], bool(c["setting"]["normalize_qk"])): c for c in switched}
+    for (dataset, variant), c in rows_of.items():
+        index.setdefault((dataset, variant, variant.endswith("-kerple")), c)
+    columns = [("absolute", False), ("absolute", True), ("kerple", True), ("kerple", False)]
+    rows = []
+    for dataset, kernel in dict.fromkeys((c["dataset"], c["variant"].partition("-")[0]) for c in switched):
+        rows.append([dataset_name(dataset), kernel] + [
+            accuracy_text(index[key]) if (key := (dataset, f"{kernel}-{p}", n)) in index else "–" for p, n in columns])
+    norms = sorted({(c["config"] or {}).get("qk_norm", LATER_FIELDS["qk_norm"])
+                    for (_, _, normalized), c in index.items() if normalized and c["config"]})
+    norm_text = " or ".join(f"{n:g} √d" for n in norms) or "the profile's qk_norm × √d"
+    lines = ["## Ablation: the position against q/k normalisation", "",
+             f"kerple rows normalise q and k (to norm {norm_text}), the other positions do not; these rows switch it, so the position's effect can be read at a fixed normalisation. Test "
+             "accuracy %, as in the main table (the default-normalisation columns are the main table's rows):", ""]
+    lines += table_lines(["dataset", "kernel", "absolute, norm off", "absolute, norm on", "kerple, norm on",
+                          "kerple, norm off"], rows) + [""]
+    contrasts = aggregated.get("normalization") or []
+    if contrasts:
+        lines += [f"Paired contrasts, percentage points [{round(100 * aggregated['confidence'])}% CI], two-sided p, MDE; "
+                  "outside the Holm family (they explain the kerple rows; they are not the question), so each p is "
+                  "uncorrected:", ""]
+        lines += table_lines(["dataset", "kernel", "contrast", "against", "difference"], [
+            [dataset_name(c["dataset"]), c["kernel"], c["contrast"], c["baseline"], test_text(c)] for c in contrasts])
+        lines.append("")
+    return lines
+
+
 def progress_parts(aggregated):
     """["main table 36 of 72", "extra rows 0 of 42", ...]: finished of planned runs per part."""
     parts = {}
     for c in aggregated["cells"]:
-        name = {"init_from": "init-from", "num_features": "num_features ablation"}.get(
+        name = {"init_from": "init-from", "num_features": "num_features ablation",
+                "normalize_qk": "q/k normalisation ablation"}.get(
             c["experiment"], "main table" if _is_main(c) else "extra rows")
         done, planned = parts.get(name, (0, 0))
         parts[name] = (done + len(set(c["seeds"]["finished"]) & set(c["seeds"]["planned"])), planned + len(c["seeds"]["planned"]))

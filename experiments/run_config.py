@@ -4,12 +4,12 @@ import dataclasses
 import json
 
 from performer_keras.options import check_choice, check_finite, check_non_negative, check_positive
-from performer_keras.registry import SIZES, list_variants, model_config, parse_variant
+from performer_keras.registry import DEFAULT_QK_NORM, POSITION_TABLE, SIZES, list_variants, model_config, parse_variant
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 AUGMENTATIONS = ("none", "rotate", "crop_flip")
-# Fields added after runs were committed, with their defaults.
-LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None, "qk_norm": 1.0}
+# Fields added after runs were committed, with the value a run folder without them had.
+LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None, "qk_norm": 1.0, "learn_qk_norm": False}
 
 
 class RunError(ValueError):
@@ -47,7 +47,8 @@ class RunConfig:
     rotation_order: str | None = None
     rope_mixed: bool = False
     normalize_qk: bool | None = None
-    qk_norm: float = 1.0
+    qk_norm: float = DEFAULT_QK_NORM
+    learn_qk_norm: bool = False
     linformer_dim: int = 32
     limit: int | None = None
     limit_test: bool = True
@@ -74,7 +75,8 @@ class RunConfig:
             check_finite("qk_norm", self.qk_norm, low=0.0, low_open=True)
             check_non_negative("redraw_interval", self.redraw_interval)
             check_non_negative("seed", self.seed)
-            for name in ("absolute_position", "orthogonal", "deterministic", "rope_mixed", "limit_test", "init_from_partial"):
+            for name in ("absolute_position", "orthogonal", "deterministic", "rope_mixed", "limit_test", "init_from_partial",
+                         "learn_qk_norm"):
                 if not isinstance(getattr(self, name), bool):
                     raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
             if self.variant not in list_variants(extra=True):
@@ -109,18 +111,28 @@ class RunConfig:
             k: getattr(self, k)
             for k in (
                 "absolute_position", "num_features", "orthogonal", "redraw_interval", "deterministic",
-                "rotation_order", "rope_mixed", "normalize_qk", "qk_norm", "linformer_dim",
+                "rotation_order", "rope_mixed", "normalize_qk", "qk_norm", "learn_qk_norm", "linformer_dim",
             )
         }
         return dict(size=self.size, **{k: v for k, v in sizes.items() if v is not None}, **kernel)
 
+    @property
+    def normalizes_qk(self):
+        """Whether the attention l2-normalises q and k (the position's default unless `normalize_qk` says)."""
+        return POSITION_TABLE[self.position].normalize_qk if self.normalize_qk is None else self.normalize_qk
+
     def to_dict(self):
         """Every field; those of `LATER_FIELDS` only when not their default, so run folders
-        written before they existed still match."""
+        written before they existed still match, and `qk_norm` and `learn_qk_norm` only
+        where q and k are normalised (elsewhere they change nothing, so their defaults
+        may change)."""
         values = dataclasses.asdict(self)
         for name, default in LATER_FIELDS.items():
             if values[name] == default:
                 del values[name]
+        if not self.normalizes_qk:
+            values.pop("qk_norm", None)
+            values.pop("learn_qk_norm", None)
         return values
 
     @classmethod

@@ -8,7 +8,7 @@ from keras import ops
 from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
 from performer_keras.options import ROTATION_ORDERS, check_choice, check_finite, check_non_negative, check_positive
-from performer_keras.registry import KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, compatible, positions_of, resolve
+from performer_keras.registry import DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, compatible, positions_of, resolve
 
 
 def split_heads(x, num_heads):
@@ -64,9 +64,8 @@ class KernelAttention(keras.layers.Layer):
                 N x N weights exp(B) * (phi(Q) phi(K)^T) times [V, 1] in
                 O(N^2 (m + d)) time and O(N^2) memory, or FFT, a 2D
                 cross-correlation of phi(k_j) (x) [v_j, 1] in O(N log N m d)
-                time and O(N m d) memory. q and k are l2-normalised to norm
-                sqrt(d) first by default (`normalize_qk`), the paper's source
-                of stability: logits / sqrt(d) are bounded by sqrt(d).
+                time and O(N m d) memory. q and k are l2-normalised first by
+                default (`normalize_qk`), the paper's source of stability.
     Prefix (CLS) tokens have no grid position: they are not rotated (as if
     at the origin) and take Toeplitz bias 0 with every token.
 
@@ -90,14 +89,16 @@ class KernelAttention(keras.layers.Layer):
         rope_mixed: learned mixed RoPE frequencies (RoPE-Mixed).
         normalize_qk: l2-normalise q and k, with any position; None takes the
             position's (`registry.Position.normalize_qk`: True for kerple only).
-        qk_norm: with normalize_qk, the norm of q and k in units of sqrt(d).
-            1.0 (default) is Luo et al.'s: |q^T k| / sqrt(d) <= sqrt(d). For
-            FAVOR+ that is the estimator's high-variance range: at d = 32 its
-            relative error against softmax-kerple is still 0.95 at m = 1024,
-            while at 0.25 it falls as 1/sqrt(m), 0.10 at m = 64 to 0.027 at
-            m = 1024 (`python -m profiles.favor_estimator`, committed in
-            profiles/results/cpu-epyc-2core/tensorflow/favor_estimator.json).
-            Which default serves the comparison best is still open (README).
+        qk_norm: with normalize_qk, the norm of q and k in units of sqrt(d),
+            so |q^T k| / sqrt(d) <= qk_norm^2 sqrt(d). `DEFAULT_QK_NORM`
+            (0.25) keeps FAVOR+ an accurate estimate of softmax (its error
+            falls as 1/sqrt(m)); Luo et al.'s 1.0 does not.
+        learn_qk_norm: with normalize_qk, learn each head's norm, starting
+            at qk_norm: norm = qk_norm exp(w_h) with a weight w_h = 0 at
+            first (weight decay pulls it back towards qk_norm). At a fixed
+            0.25 the logits span only +-qk_norm^2 sqrt(d), too flat for
+            softmax to attend by content; learning lets each head sharpen
+            where that pays (a Transformer's learned-temperature QK-norm).
         linformer_dim: k, the projected sequence length for linformer.
         fused: softmax only: `ops.dot_product_attention` (flash attention
             where the backend has it) instead of the explicit matmuls.
@@ -130,7 +131,8 @@ class KernelAttention(keras.layers.Layer):
         rotation_order=None,
         rope_mixed=False,
         normalize_qk=None,
-        qk_norm=1.0,
+        qk_norm=DEFAULT_QK_NORM,
+        learn_qk_norm=False,
         linformer_dim=32,
         fused=False,
         seed=None,
@@ -154,6 +156,7 @@ class KernelAttention(keras.layers.Layer):
         self.rope_mixed = bool(rope_mixed)
         self.normalize_qk = normalize_qk
         self.qk_norm = check_finite("qk_norm", qk_norm, low=0.0, low_open=True)
+        self.learn_qk_norm = bool(learn_qk_norm)
         self.linformer_dim = check_positive("linformer_dim", linformer_dim)
         self.fused = bool(fused)
         self.seed = seed
@@ -238,6 +241,8 @@ class KernelAttention(keras.layers.Layer):
                 setattr(self, name, self.add_weight(
                     name=name, shape=(self.linformer_dim, tokens), initializer="glorot_normal"
                 ))
+        if self.normalizes and self.learn_qk_norm:
+            self.qk_log_scale = self.add_weight(name="qk_log_scale", shape=(self.num_heads,), initializer="zeros")
         self.patch_positions = None if self.grid_size is None else grid_positions(self.grid_size)
         layer = resolve(self.position_spec.layer)
         options = {argument: getattr(self, attribute) for argument, attribute in self.position_spec.options}
@@ -276,7 +281,10 @@ class KernelAttention(keras.layers.Layer):
         q, k, v = (split_heads(layer(inputs), self.num_heads) for layer in (self.query, self.key, self.value))
         if self.normalizes:
             # |q| = |k| = qk_norm sqrt(d), so |q^T k| / sqrt(d) <= qk_norm^2 sqrt(d).
-            q, k = (ops.normalize(x, axis=-1) * (self.qk_norm * self.head_dim**0.5) for x in (q, k))
+            norm = self.qk_norm * self.head_dim**0.5
+            if self.learn_qk_norm:
+                norm = norm * ops.reshape(ops.exp(ops.cast(self.qk_log_scale, q.dtype)), (1, -1, 1, 1))
+            q, k = (ops.normalize(x, axis=-1) * norm for x in (q, k))
         if self.rotates and self.order == "before":
             q, k = self.rotate(q, positions), self.rotate(k, positions)
         if self.spec.linear:
@@ -360,6 +368,7 @@ class KernelAttention(keras.layers.Layer):
             rope_mixed=self.rope_mixed,
             normalize_qk=self.normalize_qk,
             qk_norm=self.qk_norm,
+            learn_qk_norm=self.learn_qk_norm,
             linformer_dim=self.linformer_dim,
             fused=self.fused,
             seed=self.seed,

@@ -85,6 +85,14 @@ KERNEL_TABLE = {
     "linformer": Kernel(colour="tab:purple", pairwise=False),
 }
 
+# The norm of normalised q and k, in units of sqrt(d). Luo et al.'s 1.0 puts FAVOR+ in its
+# high-variance range (|q'|^2 = sqrt(d) after the d^-1/4 scaling): its relative error
+# against softmax-kerple stays 0.95 at m = 1,024 (d = 32). At 0.25 it is 0.10 at m = 64
+# and falls as 1/sqrt(m), the rate of a Monte Carlo mean (profiles.favor_estimator,
+# profiles/results/cpu-epyc-2core/tensorflow/favor_estimator.json); softmax and linear
+# kernels share it so that a kerple row differs from its softmax row by the kernel only.
+DEFAULT_QK_NORM = 0.25
+
 POSITION_TABLE = {
     "absolute": Position("embedding", marker="o"),
     "rope": Position("rotation", "rotary_embedding_2d:RotaryEmbedding2D", (("mixed", "rope_mixed"),), marker="s"),

@@ -8,10 +8,13 @@ one FAVOR+ with m random features: the relative error
 |out_favor - out_softmax| / |out_softmax| over a batch of random tokens, the
 median over `TRIALS` feature draws. At head dimension d = 32 (the reference
 size's), N = 65 tokens, for m in `FEATURES` and q, k normalised to
-`qk_norm` x sqrt(d) for each of `QK_NORMS` (1.0 is Luo et al.'s norm and the
-kerple default). A Monte Carlo estimate improves as 1/sqrt(m) at best, so the
-error should fall 4 times from m = 64 to m = 1,024; where it does not, the
-estimator is in its high-variance range (exp(|q|^2) weights).
+`qk_norm` x sqrt(d) for each of `QK_NORMS` (1.0 is Luo et al.'s norm, 0.25
+`registry.DEFAULT_QK_NORM`). A Monte Carlo estimate improves as 1/sqrt(m) at
+best, so the error should fall 4 times from m = 64 to m = 1,024; where it does
+not, the estimator is in its high-variance range (exp(|q|^2) weights). The
+fall is also fitted: the slope of log error against log m between m = 64 and
+1,024, per draw of weights and inputs, with its 95% t-interval over draws
+(`slope_interval`); -0.5 is the Monte Carlo rate.
 """
 
 import datetime
@@ -23,15 +26,17 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from experiments import atomic
+from experiments import atomic, significance
 from experiments.cli import parser
 from performer_keras.kernel_attention import KernelAttention
+from performer_keras.registry import DEFAULT_QK_NORM
 from profiles import bench
 from profiles.__main__ import DEFAULT_OUT
 
 FEATURES = (16, 64, 256, 1024)
-QK_NORMS = (1.0, 0.5, 0.25)
+QK_NORMS = (1.0, 0.5, DEFAULT_QK_NORM)
 TRIALS = 8
+SLOPE_FEATURES = (64, 128, 256, 512, 1024)
 HEADS, HEAD_DIM, GRID, BATCH = 2, 32, (8, 8), 4
 
 
@@ -61,6 +66,18 @@ def error_table(features=FEATURES, qk_norms=QK_NORMS, trials=TRIALS):
     }
 
 
+def slope_interval(qk_norm, features=SLOPE_FEATURES, trials=TRIALS):
+    """The fall of the error with m: {"mean", "ci95", "slopes"} of d log(error) / d log(m) over draws.
+
+    Draw s fixes the weights and inputs (seed s) and redraws the features at
+    each m; its slope is the least-squares fit over `features`.
+    """
+    logs = np.log(features)
+    slopes = [float(np.polyfit(logs, np.log([relative_error(m, qk_norm, seed) for m in features]), 1)[0])
+              for seed in range(trials)]
+    return {"mean": float(np.mean(slopes)), "ci95": significance.t_interval(slopes), "slopes": slopes}
+
+
 def main(argv=None):
     args = parser("python -m profiles.favor_estimator", __doc__, "out").parse_args(argv)
     result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
@@ -73,10 +90,15 @@ def main(argv=None):
                         trials=TRIALS, bias_scale=0.5),
         "relative_error": {str(norm): {str(m): error for m, error in row.items()} for norm, row in table.items()},
         "fall_from_m64_to_m1024": {str(norm): row[64] / row[1024] for norm, row in table.items()},
+        "default_qk_norm": DEFAULT_QK_NORM,
+        "slope_features": list(SLOPE_FEATURES),
+        "slope": {str(norm): slope_interval(norm) for norm in QK_NORMS},
     }
     atomic.write_json(result_dir / "favor_estimator.json", record, indent=1, sort_keys=False)
     for norm, row in table.items():
-        print(f"qk_norm {norm}: " + ", ".join(f"m={m} {error:.3f}" for m, error in row.items()))
+        slope = record["slope"][str(norm)]
+        print(f"qk_norm {norm}: " + ", ".join(f"m={m} {error:.3f}" for m, error in row.items())
+              + f"; slope {slope['mean']:.3f} [{slope['ci95'][0]:.3f}, {slope['ci95'][1]:.3f}]")
     print(f"written: {result_dir / 'favor_estimator.json'}")
     return 0
 

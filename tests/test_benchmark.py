@@ -235,6 +235,66 @@ def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
     assert "small/README.md)" in (tmp_path / "README_SECTION.md").read_text()
 
 
+def test_normalisation_rows_complete_the_position_by_normalisation_square(tmp_path):
+    # (kernel, position, q/k normalised) -> accuracies of seeds 0, 1, 2.
+    table = {
+        ("softmax", "absolute", False): (0.90, 0.91, 0.92), ("softmax", "absolute", True): (0.89, 0.91, 0.90),
+        ("softmax", "kerple", True): (0.92, 0.93, 0.93), ("softmax", "kerple", False): (0.91, 0.92, 0.94),
+        ("favor", "absolute", False): (0.88, 0.90, 0.89), ("favor", "absolute", True): (0.86, 0.87, 0.89),
+        ("favor", "kerple", True): (0.91, 0.92, 0.90), ("favor", "kerple", False): (0.85, 0.88, 0.88),
+    }
+    profile = get_profile("cpu")
+    variants = ["softmax-absolute", "favor-absolute", "softmax-kerple", "favor-kerple"]
+    jobs = benchmark.plan(profile, tmp_path, variants=variants, datasets=["cifar10"],
+                          experiments=["variants", "normalize_qk"])
+    root = benchmark.profile_root(tmp_path, profile)
+    switched = [job for job in jobs if job.experiment == "normalize_qk"]
+    assert sorted({job.cell for job in switched}) == [
+        f"ablations/normalize_qk/cifar10/{v}" for v in ("favor-absolute-qknorm-on", "favor-kerple-qknorm-off",
+                                                         "softmax-absolute-qknorm-on", "softmax-kerple-qknorm-off")]
+    for job in jobs:
+        kernel, _, position = job.variant.partition("-")
+        assert job.config.normalizes_qk == (position == "kerple") ^ (job.experiment == "normalize_qk")
+        assert job.config.qk_norm == 0.25
+        accuracy = table[(kernel, position, job.config.normalizes_qk)][job.seed]
+        fake_run(job.folder(root), job.config, accuracy, [accuracy], test_examples=10_000)
+    result = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))
+    contrasts = {(c["kernel"], c["contrast"]): c for c in result["normalization"]}
+
+    def mean_of(*cells):  # mean over seeds of cells[0] - cells[1] (- (cells[2] - cells[3]))
+        values = [table[c] for c in cells]
+        signs = (1, -1, -1, 1)[: len(values)]
+        return statistics.mean(sum(sign * v[s] for sign, v in zip(signs, values)) for s in range(3))
+
+    expected = {
+        ("favor", "kerple - absolute, q/k norm on"): mean_of(("favor", "kerple", True), ("favor", "absolute", True)),
+        ("favor", "kerple - absolute, q/k norm off"): mean_of(("favor", "kerple", False), ("favor", "absolute", False)),
+        ("favor", "q/k norm on - off, absolute"): mean_of(("favor", "absolute", True), ("favor", "absolute", False)),
+        ("favor", "q/k norm on - off, kerple"): mean_of(("favor", "kerple", True), ("favor", "kerple", False)),
+        ("favor", "gap closed by kerple, q/k norm on"): mean_of(
+            ("favor", "kerple", True), ("softmax", "kerple", True), ("favor", "absolute", True), ("softmax", "absolute", True)),
+        ("favor", "gap closed by kerple, q/k norm off"): mean_of(
+            ("favor", "kerple", False), ("softmax", "kerple", False), ("favor", "absolute", False), ("softmax", "absolute", False)),
+        ("softmax", "kerple - absolute, q/k norm on"): mean_of(("softmax", "kerple", True), ("softmax", "absolute", True)),
+        ("softmax", "kerple - absolute, q/k norm off"): mean_of(("softmax", "kerple", False), ("softmax", "absolute", False)),
+        ("softmax", "q/k norm on - off, absolute"): mean_of(("softmax", "absolute", True), ("softmax", "absolute", False)),
+        ("softmax", "q/k norm on - off, kerple"): mean_of(("softmax", "kerple", True), ("softmax", "kerple", False)),
+    }
+    assert set(contrasts) == set(expected)
+    for key, mean in expected.items():
+        assert contrasts[key]["mean"] == pytest.approx(mean), key
+        assert contrasts[key]["n"] == 3 and contrasts[key]["p_value"] is not None
+    # By hand: favor gap closed with normalisation on, per seed
+    # (.91-.92)-(.86-.89) = .02, (.92-.93)-(.87-.91) = .03, (.90-.93)-(.89-.90) = -.02: mean .01.
+    assert contrasts[("favor", "gap closed by kerple, q/k norm on")]["mean"] == pytest.approx(0.01)
+
+    (root / "aggregate.json").write_text(json.dumps(result))
+    readme = report.write_report(json.loads((root / "aggregate.json").read_text()), root, tmp_path).read_text()
+    assert "## Ablation: the position against q/k normalisation" in readme
+    assert "to norm 0.25 √d" in readme and "gap closed by kerple, q/k norm on" in readme
+    assert "q/k normalisation ablation 12 of 12" in readme
+
+
 def test_paired_statistics_holm_and_interaction_by_hand(tmp_path):
     # Accuracies of seeds 0, 1, 2. Every difference below has n = 3, so t has 2
     # degrees of freedom, where the two-sided p-value is 1 - t / sqrt(t^2 + 2).

@@ -156,9 +156,13 @@ def reference_attention(layer, x, kernel, position, rotation_order=None, determi
     d = HEAD_DIM
     q, k, v = (split_heads(dense(sub, x)) for sub in (layer.query, layer.key, layer.value))
     if layer.normalize_qk or (layer.normalize_qk is None and position == "kerple"):
-        # Kerple l2-normalises q and k by default, any position on request: to norm qk_norm sqrt(d).
-        q = q / np.linalg.norm(q, axis=-1, keepdims=True) * layer.qk_norm * np.sqrt(d)
-        k = k / np.linalg.norm(k, axis=-1, keepdims=True) * layer.qk_norm * np.sqrt(d)
+        # Kerple l2-normalises q and k by default, any position on request: to norm qk_norm sqrt(d),
+        # times exp(w_h) per head where the norm is learned.
+        norm = layer.qk_norm * np.sqrt(d)
+        if layer.learn_qk_norm:
+            norm = norm * np.exp(to_numpy(layer.qk_log_scale)).reshape(1, -1, 1, 1)
+        q = q / np.linalg.norm(q, axis=-1, keepdims=True) * norm
+        k = k / np.linalg.norm(k, axis=-1, keepdims=True) * norm
     order = rotation_order or DEFAULT_ORDER[kernel]
     rotates = position in ("rope", "string")
     if rotates and order == "before":
@@ -216,6 +220,8 @@ def build_with_random_parameters(seed=0, **kwargs):
         randomize(sub.bias, 0.3)
     if layer.position == "rope" and layer.rope_mixed:
         randomize(layer.rotation.frequencies, 0.5)
+    if hasattr(layer, "qk_log_scale"):
+        randomize(layer.qk_log_scale, 0.7)
     if layer.position == "string":
         # About a radian per patch, so rotations over the 7x7 grid wrap around.
         randomize(layer.rotation.row_generator, 0.3)
@@ -272,6 +278,39 @@ def test_non_default_rotation_order_matches_reference(kernel, position, order):
 ])
 def test_q_and_k_normalisation_is_an_option_of_every_position(kernel, position, normalize, norm):
     check_against_reference(kernel, position, normalize_qk=normalize, qk_norm=norm)
+
+
+@pytest.mark.parametrize("kernel, position, normalize", [
+    ("softmax", "kerple", None), ("favor", "kerple", None), ("relu", "absolute", True), ("favor", "rope", True),
+])
+def test_learned_qk_norm_matches_reference_and_round_trips(kernel, position, normalize):
+    layer = build_with_random_parameters(kernel_name=kernel, position=position, normalize_qk=normalize,
+                                         learn_qk_norm=True)
+    assert layer.qk_log_scale.trainable and tuple(layer.qk_log_scale.shape) == (HEADS,)
+    check_against_reference(kernel, position, normalize_qk=normalize, learn_qk_norm=True)
+    x = inputs(1)
+    clone = KernelAttention.from_config(layer.get_config())
+    clone(x)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_allclose(to_numpy(clone(x)), to_numpy(layer(x)), rtol=1e-6, atol=1e-6)
+
+
+def test_learned_qk_norm_starts_at_qk_norm_and_needs_normalisation():
+    fixed = build_with_random_parameters(kernel_name="softmax", position="kerple", qk_norm=0.5)
+    learned = KernelAttention(num_heads=HEADS, kernel_name="softmax", position="kerple", grid_size=GRID, qk_norm=0.5,
+                              learn_qk_norm=True)
+    x = inputs(1)
+    learned(x)
+    for name in ("query", "key", "value", "output_dense"):
+        for target, source in zip(getattr(learned, name).weights, getattr(fixed, name).weights):
+            target.assign(source)
+    learned.toeplitz.bias.assign(fixed.toeplitz.bias)
+    # w = 0 at first: the same output as the fixed norm.
+    np.testing.assert_allclose(to_numpy(learned(x)), to_numpy(fixed(x)), rtol=1e-6, atol=1e-6)
+    # Without normalisation there is no norm to learn: no weight.
+    plain = KernelAttention(num_heads=HEADS, kernel_name="softmax", position="absolute", learn_qk_norm=True)
+    plain(x)
+    assert not hasattr(plain, "qk_log_scale") and len(plain.weights) == 8
 
 
 @pytest.mark.parametrize("position", ["absolute", "rope", "kerple"])
