@@ -32,7 +32,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from performer_keras.options import check_positive
 
@@ -103,7 +103,9 @@ def load_dataset(
     Parameters
     ----------
     name : str
-        ``"mnist"`` or ``"cifar10"`` read offline from ``data_dir``; any other
+        ``"mnist"`` or ``"cifar10"`` read offline from ``data_dir``; a path to
+        a ``.npz`` in the ``keras.datasets`` layout (`_read_npz`) or to a folder
+        of images with one subfolder per class (`_read_folder`); any other
         name is loaded through tensorflow-datasets (its ``train`` and ``test``
         splits), which needs the network or a filled tfds cache.
     limit : int, optional
@@ -142,6 +144,8 @@ def load_dataset(
         arrays = _read_bundled(name, Path(data_dir))
     elif str(name).endswith(".npz"):
         arrays = _read_npz(Path(name))
+    elif Path(name).is_dir():
+        arrays = _read_folder(Path(name), split_seed)
     else:
         arrays = _read_tfds(name)
     return _make_splits(name, *arrays, limit, validation_size, split_seed, limit_test)
@@ -153,12 +157,12 @@ def augmentation_for(dataset_name: str, channels: int | None = None) -> str:
     Digits must not be mirrored (a flipped 2 is no digit), so MNIST-like
     datasets (fashion_mnist, kmnist, emnist ...) and SVHN get small rotations;
     natural RGB images such as CIFAR-10/100 get the usual pad-4 random crop and
-    horizontal flip. A user's own ``.npz`` is judged by its images:
+    horizontal flip. A user's own ``.npz`` or image folder is judged by its images:
     grayscale (``channels`` 1) rotates, colour crops and flips. ``"none"`` is
     always accepted (`augment.py`); ``--augment`` overrides the choice.
     """
     name = dataset_name.lower()
-    if name.endswith(".npz") and channels is not None:
+    if (name.endswith(".npz") or Path(dataset_name).is_dir()) and channels is not None:
         return "rotate" if channels == 1 else "crop_flip"
     if "mnist" in name or name.startswith("svhn"):
         return "rotate"
@@ -328,6 +332,95 @@ def _read_npz(path):
         raise bad(f"{len(names)} label_names for labels up to {num_classes - 1}")
     label_names = tuple(str(n) for n in names) if names is not None else tuple(str(c) for c in range(num_classes))
     return arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], label_names
+
+
+# The image files `keras.utils.image_dataset_from_directory` reads; other files are ignored.
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+# A folder without train/ and test/ gives this share of each class to the test split.
+FOLDER_TEST_FRACTION = 0.2
+
+
+def _read_folder(root, split_seed):
+    """Raw arrays of a folder of images, one subfolder per class, like `_read_bundled`.
+
+    ``root/train/<class>/*`` and ``root/test/<class>/*`` with the same class
+    folders; or ``root/<class>/*``, of which `FOLDER_TEST_FRACTION` of each
+    class (drawn with ``split_seed``) is the test split. Classes are the
+    subfolder names in sorted order, as in
+    ``keras.utils.image_dataset_from_directory``. Images are decoded by Pillow
+    (no TensorFlow): all grayscale gives one channel, any colour image makes
+    every image RGB; every image must have the size of the first. A corrupt
+    image, an empty class folder or a size that differs is a DataError naming
+    the file or folder.
+    """
+    def bad(where, reason):
+        return DataError(f"{where}: {reason} (expected one subfolder of images per class, in train/ and test/ or "
+                         "directly in the folder)")
+
+    def classes_in(folder):
+        names = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if not names:
+            raise bad(folder, "no class subfolders")
+        files = {}
+        for name in names:
+            files[name] = sorted(p for p in (folder / name).iterdir()
+                                 if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+            if not files[name]:
+                raise bad(folder / name, f"an empty class folder (no {', '.join(IMAGE_EXTENSIONS)} files)")
+        return files
+
+    split_folders = [root / "train", root / "test"]
+    if all(folder.is_dir() for folder in split_folders):
+        train, test = (classes_in(folder) for folder in split_folders)
+        if list(train) != list(test):
+            raise bad(root, f"train/ has classes {list(train)} but test/ has {list(test)}")
+    elif any(folder.is_dir() for folder in split_folders):
+        raise bad(root, "train/ without test/ (or test/ without train/)")
+    else:
+        train, test = {}, {}
+        rng = np.random.default_rng(split_seed)
+        for name, files in classes_in(root).items():
+            if len(files) < 2:
+                raise bad(root / name, "one image cannot be split into train and test")
+            order = rng.permutation(len(files))
+            cut = max(1, round(FOLDER_TEST_FRACTION * len(files)))
+            test[name], train[name] = [files[i] for i in order[:cut]], [files[i] for i in order[cut:]]
+    label_names = tuple(train)
+    decoded = {split: [(_decode_image(path), label) for label, name in enumerate(label_names) for path in files[name]]
+               for split, files in (("train", train), ("test", test))}
+    colour = any(image.mode != "L" for pairs in decoded.values() for image, _ in pairs)
+    first = None
+    arrays = []
+    for split, pairs in decoded.items():
+        images = []
+        for image, _ in pairs:
+            if first is None:
+                first = image
+            if image.size != first.size:
+                raise bad(image.filename, f"{image.size[0]}x{image.size[1]} pixels where {first.filename} has "
+                          f"{first.size[0]}x{first.size[1]}; resize the images to one size")
+            pixels = np.asarray(image.convert("RGB") if colour else image, dtype=np.uint8)
+            images.append(pixels if colour else pixels[..., None])
+        arrays += [np.stack(images), np.array([label for _, label in pairs], np.int64)]
+    return (*arrays, label_names)
+
+
+def _decode_image(path):
+    """A Pillow image in mode "L" (grayscale) or "RGB", read whole; DataError naming the file if it is not one."""
+    try:
+        with Image.open(path) as image:
+            image.load()
+            grey = image.mode in ("1", "L", "I", "I;16", "F") or (image.mode == "P" and _grey_palette(image))
+            converted = image.convert("L" if grey else "RGB")
+    except (OSError, UnidentifiedImageError, ValueError) as err:
+        raise DataError(f"{path}: not a readable image ({type(err).__name__}: {err})") from None
+    converted.filename = str(path)
+    return converted
+
+
+def _grey_palette(image):
+    palette = np.asarray(image.getpalette() or [], dtype=np.int64).reshape(-1, 3)
+    return bool(len(palette)) and bool(np.all(palette == palette[:, :1]))
 
 
 def _read_tfds(name):

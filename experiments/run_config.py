@@ -48,7 +48,7 @@ class RunConfig:
     rope_mixed: bool = False
     normalize_qk: bool | None = None
     qk_norm: float = DEFAULT_QK_NORM
-    learn_qk_norm: bool = False
+    learn_qk_norm: bool = True
     linformer_dim: int = 32
     limit: int | None = None
     limit_test: bool = True

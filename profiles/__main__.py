@@ -89,10 +89,12 @@ def run(args, command):
     if not args.skip_bench:
         for dataset in args.datasets:
             for variant in variants:
-                path = result_dir / "bench" / f"{variant}-{dataset}.json"
+                # Sizes other than the default keep their own files, so one folder holds both.
+                name = f"{variant}-{dataset}" + ("" if args.size == BENCH_SIZE else f"-{args.size}")
+                path = result_dir / "bench" / f"{name}.json"
                 if args.resume and path.exists():
                     continue
-                trace_dir = result_dir / "traces" / f"{variant}-{dataset}"
+                trace_dir = result_dir / "traces" / name
                 record = bench.profile_variant(
                     variant, dataset, args.size, args.batch_size, args.burn_in, args.steps, args.trace_steps,
                     trace_dir if args.trace_steps else None, time_limit_s=args.bench_time_limit, **limits)

@@ -32,6 +32,7 @@ import numpy as np
 from experiments.compiled import compiled_predict
 from experiments.flops import analytic_model_flops, count_flops, count_training_flops
 from experiments.latency import LATENCY_REPEATS, device_name, measure_latency
+from performer_keras.kernel_attention import KernelAttention
 from performer_keras.options import check_choice, check_positive
 from performer_keras.registry import create_model, model_config, parse_variant
 from profiles.child import DEFAULT_MEMORY_LIMIT, emit, failure, progress, report_progress_as_events, run_in_child
@@ -101,6 +102,8 @@ def bench_variant(variant, dataset="mnist", size="reference", batch_size=32, bur
         train_images_per_s=batch_size / step, compile_seconds=compile_seconds,
         params=int(sum(math.prod(w.shape) for w in model.trainable_weights)),
         peak_memory_bytes=memory.bytes, memory_method=memory.method,
+        toeplitz_path=next((layer.toeplitz_path_used for layer in model.layers
+                            if isinstance(layer, KernelAttention)), None),
     )
     progress("trace")
     result["trace_dir"], result["top_operations"] = None, []
@@ -226,7 +229,7 @@ BENCH_FIELDS = (
     "train_step_ms", "train_images_per_s", "latency_ms_batch1", f"latency_ms_batch{_LATENCY_BATCH}",
     "train_flops_per_image", "inference_flops_per_image", "analytic_flops_per_image",
     "peak_memory_bytes", "inference_peak_memory_bytes", "trace_dir", "top_operations",
-    "device", "backend",
+    "device", "backend", "toeplitz_path",
 )
 
 

@@ -296,9 +296,8 @@ def test_learned_qk_norm_matches_reference_and_round_trips(kernel, position, nor
 
 
 def test_learned_qk_norm_starts_at_qk_norm_and_needs_normalisation():
-    fixed = build_with_random_parameters(kernel_name="softmax", position="kerple", qk_norm=0.5)
-    learned = KernelAttention(num_heads=HEADS, kernel_name="softmax", position="kerple", grid_size=GRID, qk_norm=0.5,
-                              learn_qk_norm=True)
+    fixed = build_with_random_parameters(kernel_name="softmax", position="kerple", qk_norm=0.5, learn_qk_norm=False)
+    learned = KernelAttention(num_heads=HEADS, kernel_name="softmax", position="kerple", grid_size=GRID, qk_norm=0.5)
     x = inputs(1)
     learned(x)
     for name in ("query", "key", "value", "output_dense"):
@@ -311,6 +310,18 @@ def test_learned_qk_norm_starts_at_qk_norm_and_needs_normalisation():
     plain = KernelAttention(num_heads=HEADS, kernel_name="softmax", position="absolute", learn_qk_norm=True)
     plain(x)
     assert not hasattr(plain, "qk_log_scale") and len(plain.weights) == 8
+
+
+def test_a_config_saved_before_the_norm_options_keeps_their_old_meaning():
+    saved = build_with_random_parameters(kernel_name="favor", position="kerple", qk_norm=1.0, learn_qk_norm=False)
+    config = saved.get_config()
+    del config["qk_norm"], config["learn_qk_norm"]
+    loaded = KernelAttention.from_config(config)
+    assert (loaded.qk_norm, loaded.learn_qk_norm) == (1.0, False)
+    x = inputs(1)
+    loaded(x)
+    loaded.set_weights(saved.get_weights())
+    np.testing.assert_allclose(to_numpy(loaded(x)), to_numpy(saved(x)), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("position", ["absolute", "rope", "kerple"])
@@ -369,13 +380,15 @@ def test_toeplitz_fft_matches_dense(grid, num_prefix):
     "kwargs, num_trainable, num_non_trainable",
     [
         # 4 Dense x (kernel, bias) = 8 trainable, plus what the position and kernel add.
-        pytest.param(dict(kernel_name="softmax", position="kerple"), 9, 0, id="softmax-kerple"),  # bias table
+        # The bias table and the learned q/k norm of each head.
+        pytest.param(dict(kernel_name="softmax", position="kerple"), 10, 0, id="softmax-kerple"),
+        pytest.param(dict(kernel_name="softmax", position="kerple", learn_qk_norm=False), 9, 0, id="softmax-kerple-fixed"),
         pytest.param(dict(kernel_name="favor", position="rope", rope_mixed=True), 9, 1, id="favor-rope_mixed"),
         pytest.param(dict(kernel_name="relu", position="string"), 10, 1, id="relu-string"),  # 2 generators
         pytest.param(dict(kernel_name="exp", position="absolute"), 8, 0, id="exp-absolute"),
         pytest.param(dict(kernel_name="linformer", position="rope"), 10, 0, id="linformer-rope"),  # E and F
         # Redraws add the step counter to the projection.
-        pytest.param(dict(kernel_name="favor", position="kerple", redraw_interval=3), 9, 2, id="favor-kerple-redraw"),
+        pytest.param(dict(kernel_name="favor", position="kerple", redraw_interval=3), 10, 2, id="favor-kerple-redraw"),
     ],
 )
 def test_layer_contract(kwargs, num_trainable, num_non_trainable, tmp_path):
@@ -407,12 +420,14 @@ def test_both_kerple_paths_match_brute_force_on_an_odd_grid(kernel, path):
     layer.toeplitz.bias.assign(rng.normal(size=layer.toeplitz.bias.shape).astype("float32") * 0.5)
     for sub in (layer.query, layer.key, layer.value, layer.output_dense):
         sub.bias.assign(rng.normal(size=sub.bias.shape).astype("float32") * 0.3)
+    layer.qk_log_scale.assign(rng.normal(size=HEADS).astype("float32") * 0.5)
     assert layer.toeplitz_path_used == path
     actual = to_numpy(layer(x))
 
     x64 = x.astype("float64")
     q, k, v = (split_heads(dense(sub, x64)) for sub in (layer.query, layer.key, layer.value))
-    q, k = (y / np.linalg.norm(y, axis=-1, keepdims=True) * np.sqrt(HEAD_DIM) for y in (q, k))
+    norm = layer.qk_norm * np.sqrt(HEAD_DIM) * np.exp(to_numpy(layer.qk_log_scale)).reshape(1, -1, 1, 1)
+    q, k = (y / np.linalg.norm(y, axis=-1, keepdims=True) * norm for y in (q, k))
     if kernel == "favor":
         projection = to_numpy(layer.features.projection)
         phi_q, phi_k = favor_reference(q, projection, True), favor_reference(k, projection, False)

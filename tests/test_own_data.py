@@ -73,3 +73,97 @@ def test_a_file_that_is_not_an_npz_is_refused(tmp_path, capsys):
     capsys.readouterr()
     assert train.main(["--dataset", str(tmp_path / "junk.npz"), *TINY, "--out", str(tmp_path / "run")]) == 2
     assert "junk.npz: not a readable .npz" in capsys.readouterr().err
+
+
+# === A folder of images, one subfolder per class ===
+
+
+def write_folder(root, mode="L", size=(16, 12), classes=("cat", "dog", "emu"), counts=(9, 6, 5), splits=("train", "test")):
+    """PNG and JPEG images of `mode` under root/<split>/<class>/ (splits=() writes root/<class>/);
+    returns {(split, class): [pixel arrays as written]} to compare with what was read."""
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    written = {}
+    for split in splits or ("",):
+        for name, count in zip(classes, counts):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            (folder / "notes.txt").write_text("not an image: ignored")
+            for i in range(count if split != "test" else 3):
+                channels = () if mode == "L" else (3,)
+                pixels = rng.integers(0, 256, (size[1], size[0], *channels), dtype=np.uint8)
+                # PNG is lossless, so the pixels read back are the pixels written.
+                Image.fromarray(pixels, mode).save(folder / f"{i}.png")
+                written.setdefault((split, name), []).append(pixels)
+    return written
+
+
+def test_a_folder_with_train_and_test_is_read_by_pillow_in_class_order(tmp_path):
+    written = write_folder(tmp_path / "pets")
+    x_train, y_train, x_test, y_test, names = data._read_folder(tmp_path / "pets", 42)
+    assert names == ("cat", "dog", "emu")
+    assert x_train.shape == (20, 12, 16, 1) and x_test.shape == (9, 12, 16, 1)
+    assert list(np.bincount(y_train)) == [9, 6, 5] and list(np.bincount(y_test)) == [3, 3, 3]
+    dogs = x_train[y_train == 1][..., 0]
+    np.testing.assert_array_equal(dogs, np.stack(written[("train", "dog")]))
+
+
+def test_colour_images_make_every_image_rgb_and_train_py_crops_and_flips(tmp_path):
+    write_folder(tmp_path / "pets", mode="RGB", size=(16, 16))
+    splits = data.load_dataset(str(tmp_path / "pets"))
+    assert splits.image_shape == (16, 16, 3) and splits.label_names == ("cat", "dog", "emu")
+    assert data.augmentation_for(str(tmp_path / "pets"), 3) == "crop_flip"
+    out = tmp_path / "run"
+    assert train.main(["--dataset", str(tmp_path / "pets"), *TINY, "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["test_examples"] == 9 and metrics["per_class"][2]["class"] == "emu"
+
+
+def test_a_folder_of_class_folders_is_split_with_the_fixed_seed(tmp_path):
+    write_folder(tmp_path / "pets", size=(16, 16), splits=())
+    first, again = (data._read_folder(tmp_path / "pets", 42) for _ in range(2))
+    for a, b in zip(first[:4], again[:4]):
+        np.testing.assert_array_equal(a, b)
+    # 20% of each class (at least one image) is the test split.
+    assert list(np.bincount(first[3])) == [2, 1, 1] and list(np.bincount(first[1])) == [7, 5, 4]
+    assert data.augmentation_for(str(tmp_path / "pets"), 1) == "rotate"
+
+
+def _break(root, case):
+    from PIL import Image
+
+    if case == "corrupt image":
+        (root / "train" / "dog" / "3.png").write_bytes(b"\x89PNG but not really")
+        return "3.png"
+    if case == "empty class folder":
+        for path in (root / "test" / "emu").iterdir():
+            path.unlink()
+        return "emu"
+    if case == "sizes differ":
+        Image.fromarray(np.zeros((5, 5), np.uint8), "L").save(root / "test" / "cat" / "9.png")
+        return "9.png"
+    if case == "classes differ":
+        (root / "test" / "emu").rename(root / "test" / "eel")
+        return "pets"
+    if case == "no test folder":
+        for path in (root / "test").rglob("*"):
+            if path.is_file():
+                path.unlink()
+        for folder in sorted((root / "test").iterdir()):
+            folder.rmdir()
+        (root / "test").rmdir()
+        return "pets"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["corrupt image", "empty class folder", "sizes differ", "classes differ",
+                                  "no test folder"])
+def test_a_bad_folder_exits_2_with_one_line_naming_the_file(tmp_path, capsys, case):
+    write_folder(tmp_path / "pets", size=(16, 16))
+    named = _break(tmp_path / "pets", case)
+    capsys.readouterr()
+    code = train.main(["--dataset", str(tmp_path / "pets"), *TINY, "--out", str(tmp_path / "run")])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and named in lines[0], lines
+    assert not (tmp_path / "run").exists()

@@ -36,7 +36,7 @@ def profiled(tmp_path_factory):
     """Results of `python -m profiles`: the bench of a tiny ViT, then the scaling sweep of two
     variants (plus fused softmax) in both scopes at two token counts each."""
     out = tmp_path_factory.mktemp("profiles")
-    main(["favor-absolute", "--skip-scaling", "--size", "tiny", "--batch-size", "4", "--steps", "2",
+    main(["favor-absolute", "favor-kerple", "--skip-scaling", "--size", "tiny", "--batch-size", "4", "--steps", "2",
           "--trace-steps", "1", "--in-process", "--out", str(out)])
     main(["softmax-absolute", "favor-absolute", "--skip-bench", "--tokens", "256", "512", "--model-tokens", "64",
           "128", "--scaling-steps", "2", "--fused-softmax", "--in-process", "--out", str(out), *NARROW])
@@ -49,8 +49,9 @@ def read(path):
 
 
 def test_bench_json_has_every_field_positive(profiled):
-    record = read(profiled / "bench" / "favor-absolute-mnist.json")
-    assert set(bench.BENCH_FIELDS) <= set(record)
+    # A size other than the bench's default keeps its own file.
+    record = read(profiled / "bench" / "favor-absolute-mnist-tiny.json")
+    assert set(bench.BENCH_FIELDS) <= set(record) and record["toeplitz_path"] is None
     for field in BENCH_POSITIVE:
         assert record[field] > 0, field
     assert record["status"] == {"train": "ok", "latency_batch256": "ok"}
@@ -61,6 +62,31 @@ def test_bench_json_has_every_field_positive(profiled):
     assert list((profiled / record["trace_dir"]).glob("plugins/profile/*/*.xplane.pb"))
     assert len(record["top_operations"]) == 3
     assert all(op["self_ms"] > 0 and 0 < op["share"] <= 1 for op in record["top_operations"])
+
+
+def test_kerple_cost_compares_each_linear_kernel_with_its_absolute_step(profiled):
+    kerple, absolute = (read(profiled / "bench" / f"favor-{p}-mnist-tiny.json") for p in ("kerple", "absolute"))
+    assert kerple["toeplitz_path"] == "dense"
+    (row,) = read(profiled / "kerple_cost.json")["rows"]
+    assert row["ratio"] == pytest.approx(kerple["train_step_ms"] / absolute["train_step_ms"])
+    assert (row["kernel"], row["tokens"], row["met"]) == ("favor", 17, row["ratio"] <= 1.5)
+    assert "Toeplitz path" in (profiled / "summary.md").read_text()
+
+
+def test_kerple_cost_by_hand():
+    from profiles.report import kerple_cost
+
+    def record(variant, ms, size="small", dataset="mnist"):
+        return dict(variant=variant, dataset=dataset, size=size, batch_size=64, tokens=50, train_step_ms=ms,
+                    toeplitz_path="dense" if variant.endswith("kerple") else None)
+
+    bench_records = [record("favor-absolute", 10.0), record("favor-kerple", 14.0), record("relu-absolute", 10.0),
+                     record("relu-kerple", 16.0), record("softmax-kerple", 9.0), record("softmax-absolute", 8.0),
+                     record("favor-kerple", 30.0, size="reference")]  # no absolute at reference: no row
+    rows = {r["kernel"]: r for r in kerple_cost(bench_records)}
+    assert set(rows) == {"favor", "relu"}
+    assert (rows["favor"]["ratio"], rows["favor"]["met"]) == (pytest.approx(1.4), True)
+    assert (rows["relu"]["ratio"], rows["relu"]["met"]) == (pytest.approx(1.6), False)
 
 
 def test_scaling_json_has_every_field_positive(profiled):
