@@ -137,7 +137,7 @@ OPTIONS = {
     "results-dir": dict(default="results", help="parent of results/<profile>/ (default results)"),
     # The tuner.
     "algorithm": dict(default="hyperband", help="hyperband (default), bayesian or random"),
-    "max-trials": dict(type=positive_int, help="at most N trials (default: 20, or one Hyperband iteration)"),
+    "max-trials": dict(type=positive_int, help="bayesian and random: at most N trials (default 20); Hyperband runs one iteration of its brackets"),
     "space": dict(action="append", default=[], metavar="NAME=VALUES",
                   help="narrow or widen a space: learning_rate=1e-4:1e-3 (log-uniform), "
                        "num_features=32,64 (choice), redraw_interval=0 (fixed); repeatable"),

@@ -101,7 +101,7 @@ def run(args, command):
                 if record.get("trace_dir"):
                     record["trace_dir"] = str(Path(record["trace_dir"]).relative_to(result_dir))
                 _write(path, record)
-                if record["status"] != "ok":
+                if any(state != "ok" for state in record["status"].values()):
                     failed.append(f"{variant}-{dataset}")
                 print(f"bench {variant} {dataset}: {record['train_step_ms'] and round(record['train_step_ms'], 1)} "
                       f"ms/step, status {record['status']}", flush=True)

@@ -4,7 +4,6 @@
     <result_dir>/bench/*.json         one record per variant and dataset (`bench.profile_variant`)
     <result_dir>/scaling/*.json       one record per scope and series (`scaling.run_series`)
     <result_dir>/plots/*.png          written here: time and memory against N, log-log
-    <result_dir>/kerple_cost.json     written here: each linear kernel's kerple step against its absolute one
     <result_dir>/summary.md           written here
 
 `write_summary(result_dir)` reads whatever is there, so a partial run still
@@ -25,9 +24,6 @@ from profiles import SCOPES
 from profiles.scaling import CHEAP_SECONDS, FIT_POINTS, MAX_CALLS, MODES, crossover, fit_exponent, ok_points
 
 MODE_TITLE = {"forward": "forward", "train": "forward + backward"}
-# The kerple issue's target: a linear kernel's training step with kerple at most this
-# many times the same kernel's with absolute positions, at the ViT's 50-65 tokens.
-KERPLE_COST_TARGET = 1.5
 
 
 # === Reading ===
@@ -152,41 +148,6 @@ def describe_crossover(result, linear_name, softmax_name):
             text += f"; {softmax_name} fails at {_tokens(result['softmax_failed'])}, {linear_name} runs"
         return text
     return "—"
-
-
-def kerple_cost(bench):
-    """Each linear kernel's kerple training step against its absolute one, per bench setting.
-
-    Returns [{"dataset", "size", "tokens", "batch_size", "kernel", "toeplitz_path",
-    "kerple_ms", "absolute_ms", "ratio", "target", "met"}] for every setting
-    where both were measured (the same `python -m profiles` command, one after
-    the other).
-    """
-    timed = {(b["dataset"], b["size"], b["batch_size"], b["variant"]): b for b in bench if b.get("train_step_ms")}
-    rows = []
-    for (dataset, size, batch, variant), kerple in sorted(timed.items()):
-        kernel, _, position = variant.partition("-")
-        absolute = timed.get((dataset, size, batch, f"{kernel}-absolute"))
-        if position != "kerple" or kernel not in linear_kernels() or absolute is None:
-            continue
-        ratio = kerple["train_step_ms"] / absolute["train_step_ms"]
-        rows.append(dict(dataset=dataset, size=size, tokens=kerple.get("tokens"), batch_size=batch, kernel=kernel,
-                         toeplitz_path=kerple.get("toeplitz_path"), kerple_ms=kerple["train_step_ms"],
-                         absolute_ms=absolute["train_step_ms"], ratio=ratio, target=KERPLE_COST_TARGET,
-                         met=ratio <= KERPLE_COST_TARGET))
-    return rows
-
-
-def kerple_cost_section(rows):
-    if not rows:
-        return []
-    table = [[r["dataset"], f"`{r['size']}`", str(r["tokens"]), str(r["batch_size"]), r["kernel"],
-              r["toeplitz_path"] or "—", _number(r["kerple_ms"]), _number(r["absolute_ms"]), f"{r['ratio']:.2f}",
-              "yes" if r["met"] else "no"] for r in rows]
-    return [f"Training step of each linear kernel with kerple against the same kernel with absolute positions "
-            f"(medians of warm steps, `kerple_cost.json`; target at most {KERPLE_COST_TARGET:g}x):", "",
-            markdown_table(["dataset", "size", "tokens", "batch", "kernel", "Toeplitz path", "kerple ms/step",
-                            "absolute ms/step", "ratio", f"≤ {KERPLE_COST_TARGET:g}x"], table), ""]
 
 
 def bench_section(bench):
@@ -412,12 +373,6 @@ def write_summary(result_dir):
     lines.append("")
     if scaling:
         lines += _headline(scaling)
-    costs = kerple_cost(bench)
-    if costs:
-        atomic.write_json(result_dir / "kerple_cost.json", {
-            "commands": [run["command"] for run in manifest.get("runs", [])], "target": KERPLE_COST_TARGET,
-            "rows": costs}, indent=1, sort_keys=False)
-    lines += kerple_cost_section(costs)
     lines += _findings(bench, scaling)
     if bench:
         lines += ["## Per variant: the full ViT", ""] + bench_section(bench)

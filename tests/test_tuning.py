@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,10 +122,70 @@ def test_killed_search_resumes_without_rerunning_finished_trials(search, tmp_pat
     assert json.loads((out / "best_hparams.json").read_text()) == json.loads((search / "best_hparams.json").read_text())
 
 
+def test_the_best_trial_is_confirmed_on_two_more_seeds_before_best_hparams(search):
+    best = json.loads((search / "best_hparams.json").read_text())
+    seed = best["hyperparameters"]["seed"]
+    confirmation = best["confirmation"]
+    assert confirmation["seeds"] == [seed, seed + 1, seed + 2]
+    assert confirmation["val_accuracy"][str(seed)] == best["val_accuracy"]
+    for extra in (seed + 1, seed + 2):
+        folder = search / "seeds" / f"seed_{extra}"
+        result = json.loads((folder / "result.json").read_text())
+        assert confirmation["val_accuracy"][str(extra)] == result["val_accuracy"]
+        # The same config as the best trial but for the seed.
+        config = json.loads((folder / "config.json").read_text())
+        assert {**config, "seed": seed} == best["hyperparameters"]
+    values = list(confirmation["val_accuracy"].values())
+    assert confirmation["mean"] == pytest.approx(sum(values) / 3)
+    assert "Confirmation of the best trial" in (search / "summary.md").read_text()
+
+
 def test_finished_search_run_again_runs_nothing(search):
     before = (search / "trials.log").read_text()
     assert tune([*SEARCH, "--out", str(search)]) == 0
     assert (search / "trials.log").read_text() == before
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_chief_and_two_workers_share_one_search_and_a_dead_worker_resumes_its_trial(search, tmp_path):
+    # KerasTuner's distributed mode on one machine: a chief serving the oracle, two workers.
+    out = tmp_path / "favor-rope"
+    command = [sys.executable, "-m", "tuning", *SEARCH, "--out", str(out)]
+    env = dict(os.environ, KERASTUNER_ORACLE_IP="127.0.0.1", KERASTUNER_ORACLE_PORT=str(free_port()))
+
+    def start(tuner_id):
+        return subprocess.Popen(command, cwd=REPO_ROOT, env=dict(env, KERASTUNER_TUNER_ID=tuner_id),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    chief, worker0 = start("chief"), start("worker0")
+    # worker0 dies (SIGKILL) inside its first trial, before anyone else takes a trial.
+    deadline = time.monotonic() + 300
+    while not ((out / "trials.log").exists() and "tuner=worker0" in (out / "trials.log").read_text()):
+        assert time.monotonic() < deadline and worker0.poll() is None, worker0.stdout.read()[-2000:]
+        time.sleep(0.05)
+    worker0.kill()
+    worker0.wait()
+    (killed,) = started_trials(out)
+    # Restarted with the same id, a worker gets its unfinished trial back; worker1 takes the others.
+    workers = [start("worker0"), start("worker1")]
+    outputs = []
+    for process in workers + [chief]:
+        outputs.append(process.communicate(timeout=600)[0])
+        assert process.returncode == 0, outputs[-1][-2000:]
+    assert all("no trials left" in output for output in outputs[:2]) and "best: trial" in outputs[2]
+    starts = started_trials(out)
+    assert sorted(starts) == sorted(TRIAL_IDS + [killed]) and starts.count(killed) == 2
+    # The same trials and scores as the search in one process, and the chief confirmed and wrote the results.
+    assert scores(out) == scores(search)
+    assert json.loads((out / "best_hparams.json").read_text()) == json.loads((search / "best_hparams.json").read_text())
 
 
 # === Bad input: one line, exit code 2, nothing touched ===
@@ -142,6 +203,7 @@ def snapshot(folder):
     (["favor-rope", "--num-features", "32"], "--space num_features=32"),
     (["favor-rope", "--space", "momentum=0.9"], "Unknown hyperparameter 'momentum'"),
     (["favor-rope", "--max-trials", "0"], "argument --max-trials: expected a whole number >= 1"),
+    (["favor-rope", "--max-trials", "5"], "--max-trials caps bayesian and random searches"),
     (["favor-rope", "--algorithm", "grid"], "Unknown algorithm 'grid'"),
     (["favor-rope", "--epochs", "many"], "argument --epochs: expected a whole number >= 1, got 'many'"),
     ([], "give a VARIANT"),

@@ -11,10 +11,16 @@ for `train.py --hparams`, summary.md, and tensorboard/ for
 `tensorboard --logdir tuning_results`. The same command again resumes the
 search. The spaces are in tuning/search_spaces.py.
 
+Across machines (KerasTuner's distributed mode, folders on a shared disk): the
+same command in a chief process (KERASTUNER_TUNER_ID=chief) and in workers
+(KERASTUNER_TUNER_ID=worker0, worker1, ...), all with KERASTUNER_ORACLE_IP and
+KERASTUNER_ORACLE_PORT of the chief; README, "Tuning".
+
 Bad input exits with code 2 and one line on stderr.
 """
 
 import argparse
+import os
 import sys
 
 from experiments.cli import RUN_OPTIONS, UsageError, fail, interruptible, parser
@@ -80,8 +86,13 @@ def main(argv=None):
             print(search_spaces.describe(search.space))
             return 0
         out = args.out or default_out(search.base_config)
-        best = run_search(search, out, verbose=0 if args.quiet else 1)["best"]
-        print(f"best: trial {best['trial_id']}, val_accuracy {best['val_accuracy']:.4f}")
+        result = run_search(search, out, verbose=0 if args.quiet else 1)
+        if result is None:
+            print(f"worker {os.environ.get('KERASTUNER_TUNER_ID')}: no trials left; the chief writes the results in {out}")
+            return 0
+        best, confirmation = result["best"], result["confirmation"]
+        print(f"best: trial {best['trial_id']}, val_accuracy {best['val_accuracy']:.4f} "
+              f"(confirmed over seeds {confirmation['seeds']}: mean {confirmation['mean']:.4f})")
         print(f"results: {out} (best_hparams.json, summary.md, tensorboard/)")
         return 0
 

@@ -7,8 +7,10 @@ A results folder (default ``tuning_results/<dataset>/<variant>``) holds:
                        the trial's config.json (a RunConfig), history.csv, result.json
     tensorboard/       trial_<id>/: HParams and the epoch scalars of every trial
     trials.log         one line when a trial starts and one when it ends
-    best_hparams.json  the best trial: {"hyperparameters": RunConfig, "val_accuracy", "trial_id"}
-    summary.md         every trial, sorted by validation accuracy
+    seeds/seed_<s>/    the best trial's config trained again with seed s (the confirmation)
+    best_hparams.json  the best trial: {"hyperparameters": RunConfig, "val_accuracy", "trial_id",
+                       "confirmation": its validation accuracy with the search's seed and 2 more}
+    summary.md         every trial, sorted by validation accuracy, and the confirmation
 
 Objective: the best validation accuracy over a trial's epochs, on the fixed
 validation split that `data.load_dataset` draws from the training set; the
@@ -18,15 +20,27 @@ Resuming: KerasTuner saves its oracle after every trial, and a search started
 again with the same command reloads it (``overwrite=False``), so finished
 trials are not run again and a trial cut short by a kill runs again from its
 start. Every trial seeds Keras with its config's seed before it builds the
-model, the input pipeline depends on (seed, epoch) only, the oracle draws from
-its saved seed state, and trials are re-read in id order; so a resumed search
-proposes and measures exactly what an uninterrupted one would. Hyperband's
-trials are trained from scratch for their epoch budget (KerasTuner's own
-Hyperband tuner would continue the previous round's weights), so that every
-trial, whatever the algorithm, is one complete `train.py` run. All trials
-share the search seed (common random numbers): they differ in their
-hyperparameters only, and `train.py --hparams best_hparams.json` repeats the
-best trial, its initialization and data order included.
+model, the input pipeline depends on (seed, epoch) only, the random and
+Hyperband oracles draw from their saved seed state, and trials are re-read in
+id order; so a resumed random or Hyperband search proposes and measures
+exactly what an uninterrupted one would. A resumed Bayesian search keeps its
+finished trials but may propose other points than an uninterrupted one:
+KerasTuner does not save the random state of its acquisition optimizer.
+
+Hyperband's trials are trained from scratch for their epoch budget, where
+KerasTuner's own Hyperband tuner loads the parent trial's weights and trains
+on: every trial here decays its learning rate to 0 over its own budget (the
+warmup-cosine schedule of `train.py`), so a parent's final weights are an
+annealed end point, not the middle of the child's schedule, and continuing
+them would make a child a different recipe than the run `train.py --hparams`
+repeats. Every trial, whatever the algorithm, is one complete `train.py` run.
+
+All trials share the search seed (common random numbers): they differ in
+their hyperparameters only, and `train.py --hparams best_hparams.json`
+repeats the best trial, its initialization and data order included. Picking
+the best of many single-seed trials favours a lucky one, so before
+best_hparams.json is written the best trial's config is trained again with
+the `CONFIRM_SEEDS` seeds after the search's, and the JSON reports all three.
 """
 
 import dataclasses
@@ -48,6 +62,8 @@ from tuning.hypermodel import OBJECTIVE, VitHyperModel
 from tuning.search_spaces import SearchError
 
 ALGORITHMS = ("hyperband", "bayesian", "random")
+# Extra seeds the best trial is trained with before best_hparams.json is written.
+CONFIRM_SEEDS = 2
 # Trials of bayesian and random search when --max-trials is not given;
 # Hyperband then runs one full iteration of its brackets.
 DEFAULT_MAX_TRIALS = 20
@@ -72,8 +88,8 @@ class Search:
             (for Hyperband, `epochs` is the longest trial).
         space: {name: LogUniform | Choice}, see `search_spaces`.
         algorithm: one of `ALGORITHMS`.
-        max_trials: at most this many trials (None: `DEFAULT_MAX_TRIALS`, or
-            one Hyperband iteration).
+        max_trials: at most this many bayesian or random trials (None:
+            `DEFAULT_MAX_TRIALS`); Hyperband runs one iteration of its brackets.
     """
 
     base_config: object
@@ -86,6 +102,9 @@ class Search:
             check_choice("algorithm", self.algorithm, ALGORITHMS)
         except ValueError as error:
             raise SearchError(str(error)) from None
+        if self.max_trials is not None and self.algorithm == "hyperband":
+            raise SearchError("--max-trials caps bayesian and random searches; Hyperband's budget is one iteration "
+                              "of its brackets up to --epochs (give --algorithm random or bayesian to cap trials)")
         if self.max_trials is None and self.algorithm != "hyperband":
             self.max_trials = DEFAULT_MAX_TRIALS
         if self.max_trials is not None and (
@@ -205,7 +224,7 @@ class VitTuner(keras_tuner.Tuner):
         trial_dir = Path(self.get_trial_dir(trial.trial_id))
         atomic.write_json(trial_dir / "config.json", config.to_dict())
         values = {name: config.to_dict()[name] for name in sorted(self.hypermodel.space)}
-        self.log(f"start trial {trial.trial_id} epochs={config.epochs} {json.dumps(values)}")
+        self.log(f"start trial {trial.trial_id} tuner={self.tuner_id} epochs={config.epochs} {json.dumps(values)}")
         metrics = train_trial(
             self.hypermodel, hp,
             log_dir=self.out_dir / "tensorboard" / f"trial_{trial.trial_id}",
@@ -230,19 +249,6 @@ class VitTuner(keras_tuner.Tuner):
             f.write(f"{stamp} {line}\n")
 
 
-class _SeededBayesianOracle(keras_tuner.oracles.BayesianOptimizationOracle):
-    """Bayesian optimization whose proposal for a trial depends on (seed, trial id, results).
-
-    KerasTuner draws the restart points of its acquisition optimizer from a
-    RandomState that it does not save, so a resumed search would propose other
-    values than an uninterrupted one; drawing them per trial makes both equal.
-    """
-
-    def populate_space(self, trial_id):
-        self._random_state = np.random.RandomState([self.seed, int(trial_id)])
-        return super().populate_space(trial_id)
-
-
 def make_oracle(search):
     objective = keras_tuner.Objective(OBJECTIVE, direction="max")
     # KerasTuner draws a random seed for 0; every seed maps to one >= 1.
@@ -251,15 +257,14 @@ def make_oracle(search):
         return keras_tuner.oracles.RandomSearchOracle(objective=objective, max_trials=search.max_trials, seed=seed)
     if search.algorithm == "bayesian":
         try:
-            return _SeededBayesianOracle(objective=objective, max_trials=search.max_trials, seed=seed)
+            return keras_tuner.oracles.BayesianOptimizationOracle(objective=objective, max_trials=search.max_trials,
+                                                                  seed=seed)
         except ImportError:
             raise SearchError("--algorithm bayesian needs scikit-learn: pip install scikit-learn") from None
-    oracle = keras_tuner.oracles.HyperbandOracle(
+    return keras_tuner.oracles.HyperbandOracle(
         objective=objective, max_epochs=search.base_config.epochs, factor=HYPERBAND_FACTOR,
         hyperband_iterations=1, seed=seed,
     )
-    oracle.max_trials = search.max_trials  # KerasTuner's Hyperband has no such cap of its own
-    return oracle
 
 
 # === The search ===
@@ -269,8 +274,9 @@ def run_search(search, out_dir, verbose=1, splits=None):
     """Run (or resume) `search` in `out_dir`; write best_hparams.json and summary.md.
 
     `splits`: the loaded dataset, when the caller has it already.
-    Returns {"best": row, "trials": [row, ...]} with rows
-    as in `collect_trials`.
+    Returns {"best": row, "trials": [row, ...], "confirmation"} with rows
+    as in `collect_trials`; None in a distributed search's worker
+    (`distributed_role`), whose trials the chief collects.
 
     Raises:
         SearchError, RunError, DataError: bad input; nothing existing was touched.
@@ -289,6 +295,8 @@ def run_search(search, out_dir, verbose=1, splits=None):
     atomic.write_json(out_dir / SEARCH_FILE, search.to_json())
     tuner = VitTuner(oracle, hypermodel, out_dir)
     tuner.search(verbose=verbose)
+    if distributed_role() == "worker":
+        return None  # the chief holds the oracle: it summarises, confirms and writes best_hparams.json
 
     rows = collect_trials(tuner)
     completed = [row for row in rows if row["status"] == "COMPLETED"]
@@ -296,14 +304,61 @@ def run_search(search, out_dir, verbose=1, splits=None):
     if not completed:
         raise SearchFailed(f"no trial of the search in {out_dir} finished; see {out_dir / PROJECT}/trial_*/trial.json")
     best = completed[0]
+    seed = best["config"].seed
+    scores = {seed: best[OBJECTIVE]}
+    for extra in range(seed + 1, seed + 1 + CONFIRM_SEEDS):
+        scores[extra] = retrain_best(out_dir, best, extra, splits, verbose=2 if verbose else 0)[OBJECTIVE]
+    confirmation = confirmation_record(scores)
+    write_summary(out_dir, search, rows, confirmation)
     atomic.write_json(out_dir / "best_hparams.json", {
         "hyperparameters": best["config"].to_dict(),
         OBJECTIVE: best[OBJECTIVE],
         "trial_id": best["trial_id"],
         "searched": sorted(search.space),
         "objective": f"{OBJECTIVE} (best epoch, validation split)",
+        "confirmation": confirmation,
     })
-    return {"best": best, "trials": rows}
+    return {"best": best, "trials": rows, "confirmation": confirmation}
+
+
+def retrain_best(out_dir, best, seed, splits, verbose=0):
+    """Validation metrics of the best trial's config trained with `seed`; cached in seeds/seed_<s>/."""
+    folder = Path(out_dir) / "seeds" / f"seed_{seed}"
+    if (folder / "result.json").exists():
+        return training.read_json(folder / "result.json")
+    folder.mkdir(parents=True, exist_ok=True)
+    config = dataclasses.replace(best["config"], seed=seed)
+    atomic.write_json(folder / "config.json", config.to_dict())
+    metrics = train_trial(
+        VitHyperModel(config, {}, splits), keras_tuner.HyperParameters(),
+        log_dir=folder / "tensorboard", csv_path=folder / "history.csv",
+        name=f"{config.dataset}/{config.variant}/trial_{best['trial_id']}/seed_{seed}",
+        verbose=verbose,
+    )
+    atomic.write_json(folder / "result.json", metrics)  # last: the seed run counts as done
+    return metrics
+
+
+def confirmation_record(scores):
+    """{"seeds", "val_accuracy": {seed: score}, "mean", "std"} of the best trial over its seeds (the search's first)."""
+    values = list(scores.values())
+    return {"seeds": list(scores), OBJECTIVE: {str(seed): score for seed, score in scores.items()},
+            "mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+            "note": "the search's own seed picked this trial among all, so its score is biased upward; "
+                    "the other seeds are not"}
+
+
+def distributed_role():
+    """None, "chief" or "worker": KerasTuner's distributed mode, set by its environment variables.
+
+    KERASTUNER_ORACLE_IP and KERASTUNER_ORACLE_PORT name the chief's oracle
+    service; KERASTUNER_TUNER_ID is "chief" in the process that runs it and a
+    unique name in each worker. The chief's `search` serves trials until the
+    search is done; workers ask it for trials and train them.
+    """
+    if "KERASTUNER_ORACLE_IP" not in os.environ:
+        return None
+    return "chief" if os.environ.get("KERASTUNER_TUNER_ID", "chief").startswith("chief") else "worker"
 
 
 def _check_trainable(hypermodel):
@@ -337,8 +392,8 @@ def collect_trials(tuner):
     return rows
 
 
-def write_summary(out_dir, search, rows):
-    """summary.md: the search and a table of every trial, best first."""
+def write_summary(out_dir, search, rows, confirmation=None):
+    """summary.md: the search, the best trial's confirmation over seeds, and a table of every trial, best first."""
     config = search.base_config
     names = sorted(search.space)
     done = sum(row["status"] == "COMPLETED" for row in rows)
@@ -363,6 +418,12 @@ def write_summary(out_dir, search, rows):
     if rows and rows[0]["status"] == "COMPLETED":
         lines += [f"Best: trial {rows[0]['trial_id']}; retrain it with "
                   f"`python train.py --hparams {Path(out_dir) / 'best_hparams.json'}`", ""]
+    if confirmation:
+        seeds = ", ".join(f"seed {seed} {confirmation[OBJECTIVE][str(seed)]:.4f}" for seed in confirmation["seeds"])
+        spread = f" ± {confirmation['std']:.4f}" if confirmation["std"] is not None else ""
+        lines += [f"Confirmation of the best trial ({OBJECTIVE}): {seeds}; mean {confirmation['mean']:.4f}{spread}. "
+                  f"The search's seed {confirmation['seeds'][0]} chose this trial among all, so its score is "
+                  "optimistic; the others are not.", ""]
     header = ["rank", "trial", OBJECTIVE, *names, "epochs", "best epoch", "seconds", "status"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for rank, row in enumerate(rows, 1):

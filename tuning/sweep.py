@@ -16,7 +16,6 @@ resumes: finished searches and seed runs are read back, not repeated.
 Bad input exits with code 2 and one line on stderr.
 """
 
-import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -28,30 +27,6 @@ from tuning.__main__ import SEARCH_OPTIONS, exit_status, make_search
 PROG = "python -m tuning.sweep"
 
 
-def retrain_best(out_dir, best, seed, splits, verbose=0):
-    """Validation metrics of the best trial's config trained with `seed`; cached in seeds/seed_<s>/."""
-    import keras_tuner
-
-    from experiments import atomic, training
-    from tuning.hypermodel import VitHyperModel
-    from tuning.search import train_trial
-
-    folder = Path(out_dir) / "seeds" / f"seed_{seed}"
-    if (folder / "result.json").exists():
-        return training.read_json(folder / "result.json")
-    folder.mkdir(parents=True, exist_ok=True)
-    config = dataclasses.replace(best["config"], seed=seed)
-    atomic.write_json(folder / "config.json", config.to_dict())
-    metrics = train_trial(
-        VitHyperModel(config, {}, splits), keras_tuner.HyperParameters(),
-        log_dir=folder / "tensorboard", csv_path=folder / "history.csv",
-        name=f"{config.dataset}/{config.variant}/trial_{best['trial_id']}/seed_{seed}",
-        verbose=verbose,
-    )
-    atomic.write_json(folder / "result.json", metrics)  # last: the seed run counts as done
-    return metrics
-
-
 def sweep_seeds(search, seeds=None):
     """The seeds each best trial is measured with: `seeds`, by default the search's seed and the two after it."""
     seed = search.base_config.seed
@@ -61,7 +36,7 @@ def sweep_seeds(search, seeds=None):
 def run_sweep(searches, root, seeds=None, verbose=1):
     """Search every variant, retrain each best trial with the other `seeds` (`sweep_seeds`), write the table."""
     from experiments import data
-    from tuning.search import run_search
+    from tuning.search import retrain_best, run_search
 
     root = Path(root)
     base = searches[0].base_config
@@ -75,7 +50,7 @@ def run_sweep(searches, root, seeds=None, verbose=1):
         scores = {base_seed: best["val_accuracy"]} if base_seed in sweep_seeds(search, seeds) else {}
         for seed in sweep_seeds(search, seeds):
             if seed != base_seed:
-                    scores[seed] = retrain_best(out_dir, best, seed, splits, verbose=2 if verbose else 0)["val_accuracy"]
+                scores[seed] = retrain_best(out_dir, best, seed, splits, verbose=2 if verbose else 0)["val_accuracy"]
         values = list(scores.values())
         rows.append({
             "variant": search.base_config.variant,

@@ -1,0 +1,96 @@
+"""What kerple costs a linear kernel: the ViT's training step with kerple against absolute positions.
+
+    python -m profiles.kerple_cost                     # -> profiles/results/<device>/<backend>/kerple_cost.json
+    KERAS_BACKEND=jax python -m profiles.kerple_cost
+
+For each setting of `SETTINGS` (the `small` ViT with m = 16 at batch 64, the
+`cpu` profile's, and the `reference` ViT with m = 64 at batch 16, at MNIST's
+50 and CIFAR-10's 65 tokens) and each
+linear kernel of the main table, both models (<kernel>-absolute and
+<kernel>-kerple, the train.py defaults otherwise) are built and compiled in one
+process, then timed alternately: `ROUNDS` rounds of `STEPS` training steps
+(`train_on_batch`, AdamW) each, so both see the same machine; the medians of
+the step times are compared. The kerple issue's target is a ratio of at most
+`TARGET`. The kerple model runs the Toeplitz path `KernelAttention` picks at
+that N (`toeplitz_path` in the record).
+"""
+
+import datetime
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import keras
+
+from experiments import atomic
+from experiments.cli import parser
+from performer_keras.kernel_attention import KernelAttention
+from performer_keras.registry import create_model, linear_kernels, main_kernels
+from profiles import bench
+from profiles.__main__ import DEFAULT_OUT
+from profiles.bench import RESOLUTIONS, random_batch
+
+# (size, batch size, dataset, m): the profiles' settings of each size.
+SETTINGS = tuple((size, batch, dataset, m) for size, batch, m in (("small", 64, 16), ("reference", 16, 64))
+                 for dataset in ("mnist", "cifar10"))
+KERNELS = tuple(k for k in main_kernels() if k in linear_kernels())
+POSITIONS = ("absolute", "kerple")
+ROUNDS, STEPS = 5, 4
+TARGET = 1.5
+
+
+def pair(kernel, size, batch_size, dataset, rounds=ROUNDS, steps=STEPS, num_features=16):
+    """{position: {"ms": median step ms, "ms_all"}} plus "ratio" and "toeplitz_path" for one kernel and setting."""
+    image_shape, num_classes = RESOLUTIONS[dataset]
+    images, labels = random_batch(image_shape, num_classes, batch_size)
+    models = {}
+    for position in POSITIONS:
+        keras.utils.set_random_seed(0)
+        model = create_model(f"{kernel}-{position}", image_shape, num_classes, size, num_features=num_features)
+        model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="sparse_categorical_crossentropy")
+        model.train_on_batch(images, labels)  # compiles
+        model.train_on_batch(images, labels)
+        models[position] = model
+    samples = {position: [] for position in POSITIONS}
+    for _ in range(rounds):
+        for position, model in models.items():
+            for _ in range(steps):
+                start = time.perf_counter()
+                model.train_on_batch(images, labels)  # returns numpy: waits for the step
+                samples[position].append(1000.0 * (time.perf_counter() - start))
+    result = {position: {"ms": statistics.median(values), "ms_all": values} for position, values in samples.items()}
+    attention = next(layer for layer in models["kerple"].layers if isinstance(layer, KernelAttention))
+    keras.backend.clear_session()
+    return dict(result, kernel=kernel, size=size, batch_size=batch_size, dataset=dataset,
+                tokens=1 + attention.grid_size[0] * attention.grid_size[1], num_features=num_features,
+                toeplitz_path=attention.toeplitz_path_used, ratio=result["kerple"]["ms"] / result["absolute"]["ms"],
+                target=TARGET, met=result["kerple"]["ms"] <= TARGET * result["absolute"]["ms"])
+
+
+def main(argv=None):
+    args = parser("python -m profiles.kerple_cost", __doc__, "out").parse_args(argv)
+    result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
+    rows = []
+    for size, batch_size, dataset, num_features in SETTINGS:
+        for kernel in KERNELS:
+            row = pair(kernel, size, batch_size, dataset, num_features=num_features)
+            rows.append(row)
+            print(f"{size} {dataset} ({row['tokens']} tokens) {kernel}: kerple {row['kerple']['ms']:.1f} ms, "
+                  f"absolute {row['absolute']['ms']:.1f} ms, x{row['ratio']:.2f}", flush=True)
+    record = {
+        "command": "python -m profiles.kerple_cost " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        **bench.record_header(),
+        "rounds": ROUNDS, "steps_per_round": STEPS, "target": TARGET,
+        "met_everywhere": all(row["met"] for row in rows),
+        "rows": rows,
+    }
+    atomic.write_json(result_dir / "kerple_cost.json", record, indent=1, sort_keys=False)
+    print(f"written: {result_dir / 'kerple_cost.json'} (target met everywhere: {record['met_everywhere']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
