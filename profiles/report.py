@@ -178,20 +178,21 @@ def bench_section(bench):
             ["variant", "params", "train ms/step", "images/s", "latency ms/img (b=1)", "latency ms/img (b=256)",
              "train GFLOP/img", "inference GFLOP/img", "analytic GFLOP/img", "train peak MiB",
              "inference peak MiB (b=256)", "status"], rows), ""]
-        rows = []
-        for b in records:
-            ops = b.get("top_operations") or []
-            cells = [f"`{op['operation']}` ({op['type']}, {op['share']:.0%})" for op in ops[:3]]
-            trace = b.get("trace_dir")
-            rows.append([f"`{b['variant']}`", *(cells + ["—"] * (3 - len(cells))),
-                         f"[trace]({trace})" if trace else "—"])
-        lines += [
-            "Most expensive operations of each variant in the profiler trace of "
-            f"{first.get('trace_steps', '?')} training steps (self time, share of the busy time; "
-            "names folded over blocks; view with `tensorboard --logdir <trace>`, Profile tab):",
-            "",
-            markdown_table(["variant", "1st", "2nd", "3rd", "trace"], rows), "",
-        ]
+        if any(b.get("top_operations") for b in records):  # a bench run with --trace-steps 0 has none
+            rows = []
+            for b in records:
+                ops = b.get("top_operations") or []
+                cells = [f"`{op['operation']}` ({op['type']}, {op['share']:.0%})" for op in ops[:3]]
+                trace = b.get("trace_dir")
+                rows.append([f"`{b['variant']}`", *(cells + ["—"] * (3 - len(cells))),
+                             f"[trace]({trace})" if trace else "—"])
+            lines += [
+                "Most expensive operations of each variant in the profiler trace of "
+                f"{first.get('trace_steps', '?')} training steps (self time, share of the busy time; "
+                "names folded over blocks; view with `tensorboard --logdir <trace>`, Profile tab):",
+                "",
+                markdown_table(["variant", "1st", "2nd", "3rd", "trace"], rows), "",
+            ]
         failed = [(b["variant"], k, b.get("status_detail", {}).get(k, "")) for b in records
                   for k, v in (b.get("status") or {}).items() if v != "ok"]
         if failed:
@@ -407,7 +408,8 @@ def _findings(bench, scaling):
     for b in trained:
         if b["attention"] in linear_kernels():
             softmax = next((s for s in trained if s["attention"] == "softmax" and s["position"] == b["position"]
-                            and s["dataset"] == b["dataset"]), None)
+                            and (s["dataset"], s["size"], s["batch_size"]) == (b["dataset"], b["size"], b["batch_size"])),
+                           None)
             ratio = softmax and b["train_step_ms"] / softmax["train_step_ms"]
             if ratio and ratio > 3:
                 facts.append(
