@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import atomic, significance
-from performer_keras.registry import POSITION_TABLE, main_kernels
+from performer_keras.registry import main_kernels, normalizes_qk
 
 CONFIDENCE = significance.CONFIDENCE
 BASELINE = "softmax-absolute"
@@ -212,6 +212,16 @@ def add_comparisons(cells):
     return cells
 
 
+def normalization_index(cells):
+    """{(dataset, kernel, position, normalised): cell} of the variant rows and the normalize_qk rows."""
+    index = {}
+    for cell in cells:
+        if cell["experiment"] in ("variants", "normalize_qk"):
+            kernel, _, position = cell["variant"].partition("-")
+            index[(cell["dataset"], kernel, position, normalizes_qk(position, cell["setting"].get("normalize_qk")))] = cell
+    return index
+
+
 def normalization_contrasts(cells):
     """Paired contrasts of the position x q/k normalisation 2 x 2, per dataset and kernel.
 
@@ -221,13 +231,7 @@ def normalization_contrasts(cells):
     they are not the question. Returns [{"dataset", "kernel", "contrast",
     "baseline", **paired test}] for every contrast whose cells all exist.
     """
-    index = {}
-    for cell in cells:
-        if cell["experiment"] not in ("variants", "normalize_qk"):
-            continue
-        kernel, _, position = cell["variant"].partition("-")
-        normalized = cell["setting"].get("normalize_qk", POSITION_TABLE[position].normalize_qk)
-        index[(cell["dataset"], kernel, position, bool(normalized))] = cell
+    index = normalization_index(cells)
     contrasts = []
     for dataset, kernel in dict.fromkeys((d, k) for d, k, p, n in index if p == "kerple" and not n):
         def cell(position, normalized, kernel=kernel):

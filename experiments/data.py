@@ -388,21 +388,19 @@ def _read_folder(root, split_seed):
     label_names = tuple(train)
     decoded = {split: [(_decode_image(path), label) for label, name in enumerate(label_names) for path in files[name]]
                for split, files in (("train", train), ("test", test))}
-    colour = any(image.mode != "L" for pairs in decoded.values() for image, _ in pairs)
-    first = None
-    arrays = []
-    for split, pairs in decoded.items():
-        images = []
-        for image, _ in pairs:
-            if first is None:
-                first = image
-            if image.size != first.size:
-                raise bad(image.filename, f"{image.size[0]}x{image.size[1]} pixels where {first.filename} has "
-                          f"{first.size[0]}x{first.size[1]}; resize the images to one size")
-            pixels = np.asarray(image.convert("RGB") if colour else image, dtype=np.uint8)
-            images.append(pixels if colour else pixels[..., None])
-        arrays += [np.stack(images), np.array([label for _, label in pairs], np.int64)]
-    return (*arrays, label_names)
+    images = [image for pairs in decoded.values() for image, _ in pairs]
+    first = images[0]
+    for image in images:
+        if image.size != first.size:
+            raise bad(image.filename, f"{image.size[0]}x{image.size[1]} pixels where {first.filename} has "
+                      f"{first.size[0]}x{first.size[1]}; resize the images to one size")
+    colour = any(image.mode != "L" for image in images)
+
+    def arrays(pairs):
+        pixels = np.stack([np.asarray(image.convert("RGB") if colour else image, dtype=np.uint8) for image, _ in pairs])
+        return (pixels if colour else pixels[..., None]), np.array([label for _, label in pairs], np.int64)
+
+    return (*arrays(decoded["train"]), *arrays(decoded["test"]), label_names)
 
 
 def _decode_image(path):

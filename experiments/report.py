@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from experiments import atomic
-from experiments.aggregate import BASELINE
+from experiments.aggregate import BASELINE, normalization_index
 from experiments.benchmark import profile_root, selected_jobs, write_aggregate
 from experiments.benchmark_figures import dataset_name, plot_curves, plot_pareto
 from experiments.benchmark_profiles import PROFILES, get_profile
@@ -325,17 +325,14 @@ def normalization_lines(aggregated):
     switched = _by(aggregated["cells"], "normalize_qk")
     if not switched:
         return []
-    rows_of = {(c["dataset"], c["variant"]): c for c in _by(aggregated["cells"], "variants")}
-    index = {(c["dataset"], c["variant"], bool(c["setting"]["normalize_qk"])): c for c in switched}
-    for (dataset, variant), c in rows_of.items():
-        index.setdefault((dataset, variant, variant.endswith("-kerple")), c)
+    index = normalization_index(aggregated["cells"])
     columns = [("absolute", False), ("absolute", True), ("kerple", True), ("kerple", False)]
     rows = []
     for dataset, kernel in dict.fromkeys((c["dataset"], c["variant"].partition("-")[0]) for c in switched):
         rows.append([dataset_name(dataset), kernel] + [
-            accuracy_text(index[key]) if (key := (dataset, f"{kernel}-{p}", n)) in index else "–" for p, n in columns])
+            accuracy_text(index[key]) if (key := (dataset, kernel, p, n)) in index else "–" for p, n in columns])
     norms = sorted({(c["config"] or {}).get("qk_norm", LATER_FIELDS["qk_norm"])
-                    for (_, _, normalized), c in index.items() if normalized and c["config"]})
+                    for (*_, normalized), c in index.items() if normalized and c["config"]})
     norm_text = " or ".join(f"{n:g} √d" for n in norms) or "the profile's qk_norm × √d"
     lines = ["## Ablation: the position against q/k normalisation", "",
              f"kerple rows normalise q and k (to norm {norm_text}), the other positions do not; these rows switch it, so the position's effect can be read at a fixed normalisation. Test "

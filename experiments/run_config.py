@@ -4,7 +4,7 @@ import dataclasses
 import json
 
 from performer_keras.options import check_choice, check_finite, check_non_negative, check_positive
-from performer_keras.registry import DEFAULT_QK_NORM, POSITION_TABLE, SIZES, list_variants, model_config, parse_variant
+from performer_keras.registry import DEFAULT_QK_NORM, SIZES, list_variants, model_config, normalizes_qk, parse_variant
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 AUGMENTATIONS = ("none", "rotate", "crop_flip")
@@ -119,7 +119,7 @@ class RunConfig:
     @property
     def normalizes_qk(self):
         """Whether the attention l2-normalises q and k (the position's default unless `normalize_qk` says)."""
-        return POSITION_TABLE[self.position].normalize_qk if self.normalize_qk is None else self.normalize_qk
+        return normalizes_qk(self.position, self.normalize_qk)
 
     def to_dict(self):
         """Every field; those of `LATER_FIELDS` only when not their default, so run folders

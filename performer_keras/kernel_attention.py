@@ -8,7 +8,7 @@ from keras import ops
 from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
 from performer_keras.options import ROTATION_ORDERS, check_choice, check_finite, check_non_negative, check_positive
-from performer_keras.registry import DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, compatible, positions_of, resolve
+from performer_keras.registry import DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, compatible, normalizes_qk, positions_of, resolve
 
 
 def split_heads(x, num_heads):
@@ -210,7 +210,7 @@ class KernelAttention(keras.layers.Layer):
 
     @property
     def normalizes(self):
-        return self.position_spec.normalize_qk if self.normalize_qk is None else bool(self.normalize_qk)
+        return normalizes_qk(self.position, self.normalize_qk)
 
     def build(self, inputs_shape):
         width, tokens = int(inputs_shape[-1]), inputs_shape[-2]

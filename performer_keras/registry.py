@@ -175,6 +175,11 @@ def list_variants(extra=False):
     return [variant_name(k, p) for k in kernels for p in POSITIONS if compatible(k, p)]
 
 
+def normalizes_qk(position, normalize_qk=None):
+    """Whether attention l2-normalises q and k: `normalize_qk`, or the position's default when None."""
+    return POSITION_TABLE[position].normalize_qk if normalize_qk is None else bool(normalize_qk)
+
+
 def compatible(kernel, position):
     """Whether the pair exists: a kernel that mixes the sequence (linformer) has no token pairs to bias."""
     return KERNEL_TABLE[kernel].pairwise or POSITION_TABLE[position].kind != "bias"

@@ -18,6 +18,7 @@ fall is also fitted: the slope of log error against log m between m = 64 and
 """
 
 import datetime
+import functools
 import shlex
 import statistics
 import sys
@@ -40,6 +41,7 @@ SLOPE_FEATURES = (64, 128, 256, 512, 1024)
 HEADS, HEAD_DIM, GRID, BATCH = 2, 32, (8, 8), 4
 
 
+@functools.cache  # the error table and the slopes share their (m, norm, seed) points
 def relative_error(num_features, qk_norm, seed, bias_scale=0.5):
     """|favor-kerple - softmax-kerple| / |softmax-kerple| of one feature draw, same weights and inputs."""
     rng = np.random.default_rng(seed)

@@ -16,7 +16,6 @@ resumes: finished searches and seed runs are read back, not repeated.
 Bad input exits with code 2 and one line on stderr.
 """
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ def sweep_seeds(search, seeds=None):
 def run_sweep(searches, root, seeds=None, verbose=1):
     """Search every variant, retrain each best trial with the other `seeds` (`sweep_seeds`), write the table."""
     from experiments import data
-    from tuning.search import retrain_best, run_search
+    from tuning.search import confirmation_record, retrain_best, run_search
 
     root = Path(root)
     base = searches[0].base_config
@@ -51,16 +50,16 @@ def run_sweep(searches, root, seeds=None, verbose=1):
         for seed in sweep_seeds(search, seeds):
             if seed != base_seed:
                 scores[seed] = retrain_best(out_dir, best, seed, splits, verbose=2 if verbose else 0)["val_accuracy"]
-        values = list(scores.values())
+        spread = confirmation_record(scores)
         rows.append({
             "variant": search.base_config.variant,
             "folder": str(out_dir),
             "trials": sum(row["status"] == "COMPLETED" for row in result["trials"]),
             "best_trial": best["trial_id"],
             "val_accuracy": best["val_accuracy"],
-            "seed_val_accuracy": {str(seed): score for seed, score in scores.items()},
-            "mean": statistics.fmean(values),
-            "std": statistics.stdev(values) if len(values) > 1 else None,
+            "seed_val_accuracy": spread["val_accuracy"],
+            "mean": spread["mean"],
+            "std": spread["std"],
             "hyperparameters": {name: getattr(best["config"], name) for name in sorted(search.space)},
         })
     rows.sort(key=lambda row: -row["mean"])
