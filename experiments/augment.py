@@ -17,6 +17,11 @@ The distributions (see `AUGMENTATIONS`):
 
 * ``"rotate"``: rotation about the image centre by an angle uniform in
   [-10, 10] degrees, bilinear, zero fill (MNIST-like grayscale digits).
+* ``"rotate_shift"``: the same rotation, then a move by whole pixels uniform
+  in -3..3 on each axis (about 0.1 of a 28-pixel side, the usual
+  ``RandomAffine(10, translate=(0.1, 0.1))`` of MNIST recipes). A patch
+  embedding is not translation-equivariant below the patch size, so a
+  ViT learns the shifts from data; the `cpu` profile's MNIST rows use it.
 * ``"crop_flip"``: pad 4 zero pixels on each side, crop back to H x W at an
   offset uniform in -4..4 on each axis, then a left-right flip with
   probability 1/2 (CIFAR-like photographs). Whole-pixel moves, so the result
@@ -33,7 +38,9 @@ from performer_keras.options import check_choice
 
 MAX_ROTATION_DEGREES = 10.0
 CROP_PADDING = 4
-# Draws per example: rotate uses the first, crop_flip all three (shift y, shift x, flip).
+MAX_SHIFT_PIXELS = 3
+# Draws per example: rotate uses the first, rotate_shift all three (angle, shift y, shift x),
+# crop_flip all three (shift y, shift x, flip).
 DRAWS = 3
 _GOLDEN = 0x9E3779B9  # spreads the draw counter over the 32 bits before hashing
 
@@ -48,6 +55,8 @@ def augment(images, index, epoch, seed, kind):
     parameters = draw(kind, seed, epoch, index)
     if kind == "rotate":
         return rotate(images, parameters["angle"])
+    if kind == "rotate_shift":
+        return rotate(images, parameters["angle"], parameters["shift_y"], parameters["shift_x"])
     if kind == "crop_flip":
         return crop_flip(images, parameters["shift_y"], parameters["shift_x"], parameters["flip"])
     return images
@@ -56,19 +65,30 @@ def augment(images, index, epoch, seed, kind):
 def draw(kind, seed, epoch, index):
     """Each example's augmentation parameters, ``(B,)`` tensors by name, from (seed, epoch, index).
 
-    ``rotate``: ``angle`` in radians, uniform in +-10 degrees. ``crop_flip``:
-    whole-pixel ``shift_y`` and ``shift_x`` (float32) uniform in -4..4 and a
-    boolean ``flip`` with probability 1/2. ``none``: nothing.
+    ``rotate``: ``angle`` in radians, uniform in +-10 degrees.
+    ``rotate_shift``: that ``angle`` and whole-pixel ``shift_y`` and
+    ``shift_x`` (float32) uniform in -3..3. ``crop_flip``: whole-pixel
+    ``shift_y`` and ``shift_x`` uniform in -4..4 and a boolean ``flip`` with
+    probability 1/2. ``none``: nothing.
     """
     check_choice("augmentation", kind, AUGMENTATIONS)
     if kind == "none":
         return {}
     draws = uniforms(seed, epoch, index)
+    angle = (2.0 * draws[:, 0] - 1.0) * (MAX_ROTATION_DEGREES * math.pi / 180.0)
     if kind == "rotate":
-        return {"angle": (2.0 * draws[:, 0] - 1.0) * (MAX_ROTATION_DEGREES * math.pi / 180.0)}
-    # A uniform offset 0..2p of the padded image is a shift -p..p of the original.
-    shifts = ops.floor(draws[:, :2] * (2 * CROP_PADDING + 1)) - CROP_PADDING
+        return {"angle": angle}
+    if kind == "rotate_shift":
+        shifts = _whole_pixels(draws[:, 1:3], MAX_SHIFT_PIXELS)
+        return {"angle": angle, "shift_y": shifts[:, 0], "shift_x": shifts[:, 1]}
+    shifts = _whole_pixels(draws[:, :2], CROP_PADDING)
     return {"shift_y": shifts[:, 0], "shift_x": shifts[:, 1], "flip": draws[:, 2] < 0.5}
+
+
+def _whole_pixels(draws, limit):
+    """Uniform [0, 1) draws as whole-pixel shifts uniform in -limit..limit (float32)."""
+    # A uniform offset 0..2p of a p-padded image is a shift -p..p of the original.
+    return ops.floor(draws * (2 * limit + 1)) - limit
 
 
 def uniforms(seed, epoch, index):
@@ -94,19 +114,22 @@ def _hash(x):
     return ops.bitwise_xor(x, ops.right_shift(x, _word(16)))
 
 
-def rotate(images, angles):
+def rotate(images, angles, shift_y=0.0, shift_x=0.0):
     """Turn float32 ``images`` ``(B, H, W, C)`` by ``angles`` ``(B,)`` radians about the centre.
 
     Output pixel (x, y) reads the input at that point rotated about the
-    centre (cx, cy), bilinearly, with zeros outside; a positive angle turns
-    the image counter-clockwise as displayed, like ``np.rot90``.
+    centre (cx, cy) and moved by (``shift_x``, ``shift_y``) (``(B,)`` or
+    scalars), bilinearly, with zeros outside; a positive angle turns the
+    image counter-clockwise as displayed, like ``np.rot90``, and a positive
+    shift moves the content up and to the left, like `crop_flip`'s.
     """
     height, width = images.shape[1], images.shape[2]
     y, x = _grid(height, width)
     cx, cy = (width - 1) / 2.0, (height - 1) / 2.0
     cos, sin = ops.cos(angles)[:, None, None], ops.sin(angles)[:, None, None]
-    source_x = cos * (x - cx) - sin * (y - cy) + cx
-    source_y = sin * (x - cx) + cos * (y - cy) + cy
+    shift_y, shift_x = ops.reshape(shift_y, (-1, 1, 1)), ops.reshape(shift_x, (-1, 1, 1))
+    source_x = cos * (x - cx) - sin * (y - cy) + cx + shift_x
+    source_y = sin * (x - cx) + cos * (y - cy) + cy + shift_y
     return _bilinear(images, source_y, source_x)
 
 

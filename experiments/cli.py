@@ -98,7 +98,7 @@ OPTIONS = {
     "dataset": dict(help="mnist or cifar10 (bundled), a .npz in the keras.datasets layout, a folder of images with one subfolder per class, or a tensorflow-datasets name"),
     "datasets": dict(nargs="+", metavar="DATASET", help="dataset names (default: the profile's)"),
     "limit": dict(type=limit_arg, help="only the first N examples of each split; 'all' lifts a limit set elsewhere"),
-    "augment": dict(help="none, rotate or crop_flip (default: rotate for grayscale, crop_flip for colour)"),
+    "augment": dict(help="none, rotate, rotate_shift (rotate, then move up to 3 pixels) or crop_flip (default: rotate for grayscale, crop_flip for colour)"),
     # The model.
     "size": dict(help="tiny, small or reference (performer_keras.registry.SIZES)"),
     "width": dict(type=positive_int, help="token width (default: the size's)"),

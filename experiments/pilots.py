@@ -77,7 +77,7 @@ def single_runs(root, settings):
     return rows
 
 
-RECIPE_KEYS = ("dataset", "variant", "size", "width", "depth", "heads", "num_features", "batch_size", "learning_rate", "epochs")
+RECIPE_KEYS = ("dataset", "variant", "size", "width", "depth", "heads", "num_features", "batch_size", "learning_rate", "epochs", "augment")
 
 
 def render(summaries, singles=()):

@@ -7,7 +7,7 @@ from performer_keras.options import check_choice, check_finite, check_non_negati
 from performer_keras.registry import DEFAULT_QK_NORM, SIZES, list_variants, model_config, normalizes_qk, parse_variant
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-AUGMENTATIONS = ("none", "rotate", "crop_flip")
+AUGMENTATIONS = ("none", "rotate", "rotate_shift", "crop_flip")
 # Fields added after runs were committed, with the value a run folder without them had.
 LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None, "qk_norm": 1.0, "learn_qk_norm": False}
 

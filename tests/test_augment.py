@@ -49,15 +49,15 @@ def test_crop_flip_is_the_padded_crop():
             np.testing.assert_array_equal(result[b], crop[:, ::-1] if flip else crop)
 
 
-def _reference_rotation(image, angle):
-    """Brute-force bilinear rotation of one (H, W, C) image about its centre, zeros outside."""
+def _reference_rotation(image, angle, shift_y=0, shift_x=0):
+    """Brute-force bilinear rotation of one (H, W, C) image about its centre, then a shift, zeros outside."""
     height, width, _ = image.shape
     cy, cx = (height - 1) / 2, (width - 1) / 2
     out = np.zeros_like(image)
     for y in range(height):
         for x in range(width):
-            sx = np.cos(angle) * (x - cx) - np.sin(angle) * (y - cy) + cx
-            sy = np.sin(angle) * (x - cx) + np.cos(angle) * (y - cy) + cy
+            sx = np.cos(angle) * (x - cx) - np.sin(angle) * (y - cy) + cx + shift_x
+            sy = np.sin(angle) * (x - cx) + np.cos(angle) * (y - cy) + cy + shift_y
             y0, x0 = int(np.floor(sy)), int(np.floor(sx))
             for yy, wy in ((y0, 1 - (sy - y0)), (y0 + 1, sy - y0)):
                 for xx, wx in ((x0, 1 - (sx - x0)), (x0 + 1, sx - x0)):
@@ -77,6 +77,33 @@ def test_rotation_matches_the_brute_force_reference_and_keeps_the_centre():
     np.testing.assert_allclose(turned[0], images[0], atol=1e-4)
     quarter = ops.convert_to_numpy(augment.rotate(images[:1, :, :5], np.array([np.pi / 2], np.float32)))
     np.testing.assert_allclose(quarter[0, ..., 0], np.rot90(images[0, :, :5, 0]), atol=1e-3)
+
+
+def test_rotate_shift_matches_the_brute_force_reference_and_a_plain_shift_is_the_crop():
+    rng = np.random.default_rng(2)
+    images = rng.uniform(0, 255, (3, 5, 7, 1)).astype(np.float32)
+    angles = np.array([np.deg2rad(7.0), -np.deg2rad(10.0), 0.0], np.float32)
+    shift_y, shift_x = np.array([3.0, -2.0, 1.0], np.float32), np.array([-3.0, 0.0, 2.0], np.float32)
+    moved = ops.convert_to_numpy(augment.rotate(images, angles, shift_y, shift_x))
+    for b in range(3):
+        reference = _reference_rotation(images[b], float(angles[b]), float(shift_y[b]), float(shift_x[b]))
+        np.testing.assert_allclose(moved[b], reference, atol=1e-3)
+    cropped = augment.crop_flip(images[2:], shift_y[2:], shift_x[2:], np.zeros(1, bool))
+    np.testing.assert_allclose(moved[2], ops.convert_to_numpy(cropped)[0], atol=1e-4)
+
+
+def test_rotate_shift_draws_the_rotation_of_rotate_and_shifts_uniform_in_three_pixels():
+    index = np.arange(7000)
+    rotate = augment.draw("rotate", 5, 1, index)
+    rotate_shift = {k: ops.convert_to_numpy(v) for k, v in augment.draw("rotate_shift", 5, 1, index).items()}
+    # The same angle as rotate's: adding the shift leaves the rotation draw alone.
+    np.testing.assert_array_equal(ops.convert_to_numpy(rotate["angle"]), rotate_shift["angle"])
+    for name in ("shift_y", "shift_x"):
+        shifts = rotate_shift[name]
+        assert set(np.unique(shifts).tolist()) == set(range(-3, 4))
+        assert np.bincount((shifts + 3).astype(int), minlength=7).min() > 7000 / 7 * 0.85
+    assert abs(np.corrcoef(rotate_shift["shift_y"], rotate_shift["shift_x"])[0, 1]) < 0.05
+    assert abs(np.corrcoef(rotate_shift["shift_y"], rotate_shift["angle"])[0, 1]) < 0.05
 
 
 @pytest.mark.parametrize("kind", ["rotate", "crop_flip"])
