@@ -153,6 +153,19 @@ def test_tuned_profile_takes_searched_hyperparameters_only(tmp_path):
         get_profile("huge")
 
 
+def test_tuned_profile_reads_the_committed_searches(monkeypatch):
+    monkeypatch.chdir(REPO)  # hparams_dir is relative, as for a user in a checkout
+    profile = get_profile("tuned")
+    for variant in ("softmax-absolute", "favor-absolute", "relu-absolute"):
+        best = json.loads((REPO / "tuning_results" / "mnist" / variant / "best_hparams.json").read_text())
+        assert best["confirmation"]["seeds"] == [42, 43, 44]  # the search's seed and 2 more
+        config = profile.config(variant, "mnist", 0)
+        for name in best["searched"]:
+            assert getattr(config, name) == best["hyperparameters"][name]
+        # The search ran at the cpu size on 20,000 images; the tuned profile keeps its own size and data.
+        assert (config.size, config.limit, config.heads) == ("reference", None, None)
+
+
 def test_no_benchmark_profile_limits_the_test_split():
     from experiments.benchmark_profiles import PROFILES, Profile
     from experiments.data import load_dataset
