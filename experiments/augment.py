@@ -53,10 +53,8 @@ def augment(images, index, epoch, seed, kind):
     """
     images = ops.cast(images, "float32")
     parameters = draw(kind, seed, epoch, index)
-    if kind == "rotate":
-        return rotate(images, parameters["angle"])
-    if kind == "rotate_shift":
-        return rotate(images, parameters["angle"], parameters["shift_y"], parameters["shift_x"])
+    if "angle" in parameters:  # rotate, rotate_shift
+        return rotate(images, parameters["angle"], parameters.get("shift_y", 0.0), parameters.get("shift_x", 0.0))
     if kind == "crop_flip":
         return crop_flip(images, parameters["shift_y"], parameters["shift_x"], parameters["flip"])
     return images
