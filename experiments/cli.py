@@ -118,6 +118,7 @@ OPTIONS = {
     "absolute-position": dict(**_SWITCH, help="add the learned absolute embedding"),
     "linformer-dim": dict(type=positive_int, help="projected length k of linformer"),
     "precision": dict(help="float32, mixed_bfloat16 or mixed_float16"),
+    "jit-compile": dict(**_SWITCH, help="compile the training step with XLA (default: Keras' choice, which is off for TensorFlow on a CPU)"),
     # How to train.
     "epochs": dict(type=positive_int, help="training epochs (default: the run config's or the profile's)"),
     "batch-size": dict(type=positive_int, help="examples per step (default: the tool's, see its description)"),
@@ -189,8 +190,8 @@ VARIANT_OPTIONS = ("variant", "attention", "position")
 RUN_OPTIONS = (
     *VARIANT_OPTIONS, "dataset", "limit", "size", "width", "depth", "heads", "mlp-dim",
     "patch-size", "num-features", "redraw-interval", "orthogonal", "deterministic", "rotation-order",
-    "rope-mixed", "normalize-qk", "qk-norm", "learn-qk-norm", "absolute-position", "linformer-dim", "precision", "augment",
-    "epochs", "batch-size", "seed",
+    "rope-mixed", "normalize-qk", "qk-norm", "learn-qk-norm", "absolute-position", "linformer-dim", "precision", "jit-compile",
+    "augment", "epochs", "batch-size", "seed",
 )
 # The benchmark's queue selection, shared with its report.
 SELECTION_OPTIONS = ("profile", "variants", "datasets", "seeds", "epochs", "experiments", "results-dir")

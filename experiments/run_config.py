@@ -9,7 +9,8 @@ from performer_keras.registry import DEFAULT_QK_NORM, SIZES, list_variants, mode
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 AUGMENTATIONS = ("none", "rotate", "rotate_shift", "crop_flip")
 # Fields added after runs were committed, with the value a run folder without them had.
-LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None, "qk_norm": 1.0, "learn_qk_norm": False}
+LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None, "qk_norm": 1.0, "learn_qk_norm": False,
+                "jit_compile": None}
 
 
 class RunError(ValueError):
@@ -53,6 +54,7 @@ class RunConfig:
     limit: int | None = None
     limit_test: bool = True
     precision: str = "float32"
+    jit_compile: bool | None = None
     init_from: str | None = None
     init_from_partial: bool = False
     augment: str | None = None
@@ -75,6 +77,8 @@ class RunConfig:
             check_finite("qk_norm", self.qk_norm, low=0.0, low_open=True)
             check_non_negative("redraw_interval", self.redraw_interval)
             check_non_negative("seed", self.seed)
+            if self.jit_compile is not None and not isinstance(self.jit_compile, bool):
+                raise ValueError(f"jit_compile must be true, false or null, got {self.jit_compile!r}")
             for name in ("absolute_position", "orthogonal", "deterministic", "rope_mixed", "limit_test", "init_from_partial",
                          "learn_qk_norm"):
                 if not isinstance(getattr(self, name), bool):

@@ -370,7 +370,8 @@ def build_model(config, splits):
     )
     steps = data.steps_per_epoch(len(splits.train[0]), config.batch_size)
     model.compile(optimizer=build_optimizer(config, steps), loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                  steps_per_execution=steps_per_execution(steps))
+                  steps_per_execution=steps_per_execution(steps),
+                  jit_compile="auto" if config.jit_compile is None else config.jit_compile)
     return model
 
 

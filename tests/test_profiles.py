@@ -70,6 +70,8 @@ def test_the_bench_records_which_toeplitz_path_kerple_ran(profiled):
 
 
 def test_kerple_cost_times_both_positions_alternately_in_one_process():
+    import keras
+
     from profiles import kerple_cost
 
     row = kerple_cost.pair("relu", "tiny", 8, "mnist", rounds=2, steps=2, num_features=8)
@@ -78,6 +80,9 @@ def test_kerple_cost_times_both_positions_alternately_in_one_process():
         assert len(row[position]["ms_all"]) == 4 and row[position]["ms"] > 0
     assert row["ratio"] == pytest.approx(row["kerple"]["ms"] / row["absolute"]["ms"])
     assert row["met"] == (row["ratio"] <= kerple_cost.TARGET)
+    # Keras' default compiles with XLA on JAX only (on a CPU); --jit-compile asks for it on both.
+    assert row["jit_compile"] is (keras.backend.backend() == "jax")
+    assert kerple_cost.pair("relu", "tiny", 8, "mnist", rounds=1, steps=1, num_features=8, jit_compile=True)["jit_compile"]
 
 
 def test_scaling_json_has_every_field_positive(profiled):

@@ -330,3 +330,34 @@ def test_code_version_is_dirty_for_code_changes_not_for_results(tmp_path):
     (tmp_path / "code.py").write_text("a = 2\n")
     assert code_version(tmp_path) == clean + "+dirty"
     assert code_version(tmp_path / "results") is not None  # a subfolder is still in the checkout
+
+
+def test_jit_compile_reaches_the_model_and_computes_the_same():
+    from experiments import data, training
+    from experiments.cli import RUN_OPTIONS, parser
+    from experiments.run_config import RunConfig
+
+    cli = parser("test", None, *RUN_OPTIONS)
+    assert [RunConfig.from_args(cli.parse_args(args)).jit_compile
+            for args in ([], ["--jit-compile"], ["--no-jit-compile"])] == [None, True, False]
+    # Folders written before the option existed still match a config that leaves it to Keras.
+    assert "jit_compile" not in RunConfig().to_dict() and RunConfig(jit_compile=True).to_dict()["jit_compile"] is True
+    with pytest.raises(ValueError, match="jit_compile"):
+        RunConfig(jit_compile="yes")
+    splits = data.load_dataset("mnist", limit=320)
+    images = splits.validation[0][:64]
+    outputs, losses = [], []
+    for jit_compile in (True, False):
+        # The dense Toeplitz path (a gather of the bias table) under XLA. No feature redraws:
+        # TensorFlow's stateless generator draws other numbers under XLA (README, --jit-compile).
+        config = RunConfig(variant="favor-kerple", size="tiny", batch_size=32, epochs=1, seed=5, limit=320,
+                           jit_compile=jit_compile)
+        model = training.build_model(config, splits)
+        assert model.jit_compile is jit_compile
+        outputs.append(model.predict(images, verbose=0))
+        history = training.fit_model(model, config, splits, [], 0, 0)
+        losses.append(history.history["loss"][0])
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-6)
+    # Adam turns float-rounding differences of near-zero gradients into steps of the learning
+    # rate, so single weights drift apart a little; the loss of the epoch does not.
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
