@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import atomic, significance
+from experiments.run_config import EXECUTION_FIELDS
 from performer_keras.registry import main_kernels, normalizes_qk
 
 CONFIDENCE = significance.CONFIDENCE
@@ -153,8 +154,10 @@ def aggregate_cell(root, cell):
                        "missing": [s for s in cell["seeds"] if s not in runs]}
     result["per_seed"] = {str(seed): values for seed, values in runs.items()}
     result["commits"] = commits
+    result["jit_compile"] = {str(seed): bool(config.get("jit_compile")) for seed, config in configs.items()}
     # init_from names the same seed's checkpoint, so it differs by design.
-    shared = [{k: v for k, v in config.items() if k not in ("seed", "init_from")} for config in configs.values()]
+    shared = [{k: v for k, v in config.items() if k not in ("seed", "init_from", *EXECUTION_FIELDS)}
+              for config in configs.values()]
     result["config"] = shared[0] if shared else None
     result["mixed_config"] = sorted({k for config in shared for k in config if config[k] != shared[0].get(k)})
     for key in SUMMARISED:
@@ -336,6 +339,9 @@ def aggregate(root, cells, **header):
         },
         # Every commit that trained a finished run: more than one means the table mixes code versions.
         "commits": sorted({commit for cell in aggregated for run in cell["commits"].values() for commit in run}),
+        # Finished runs whose steps XLA compiled (a run shared by two cells counts once).
+        "xla_runs": len({f"{cell['directory']}/seed{seed}" for cell in aggregated
+                         for seed, jit in cell["jit_compile"].items() if jit}),
         "devices": sorted({v["device"] for v in per_seed if v["device"]}),
         "backends": sorted({v["backend"] for v in per_seed if v["backend"]}),
         "normalization": normalization_contrasts(aggregated),

@@ -226,7 +226,8 @@ def cpu():
     (weight decay 0.05, one warmup epoch, cosine decay), full training splits
     (MNIST 55,000, CIFAR-10 45,000), validation 5,000, and always the full
     10,000-image test set; 40 epochs (MNIST with `rotate_shift`); seeds 0, 1, 2;
-    TensorFlow (this CPU's fastest engine). The queue runs CIFAR-10 first, the
+    TensorFlow (this CPU's fastest engine) with the training step compiled by
+    XLA (`jit_compile`). The queue runs CIFAR-10 first, the
     absolute, rope and string rows, then MNIST; the three kerple rows are
     deferred to the end (`deferred`): they waited for the kerple issue's
     dense path and q/k norm. Kerple normalises q and k to 0.25 sqrt(d)
@@ -264,6 +265,17 @@ def cpu():
     depth did not help. The MNIST rows run after CIFAR-10's, so every MNIST
     row has this recipe.
 
+    XLA: measured side by side on the idle CPU (`python -m profiles.xla_cost
+    --datasets cifar10`, profiles/results/cpu-epyc-2core/tensorflow/
+    xla_cost.json), the run's own training step of every variant with XLA
+    trained 0.98-1.61x as many images a second as without (median 1.33x;
+    only relu-string was level), so the rows that had not started by then
+    use it: the 13 CIFAR-10 runs of softmax-absolute, favor-absolute,
+    relu-absolute, softmax-rope and favor-rope seed 0 ran without XLA, every
+    later run with it. XLA changes float rounding, not what a step computes
+    (no feature redraws here), so a cell may hold both; the report counts
+    them.
+
     Command (2-core CPU, TensorFlow, the default backend):
         python -m experiments.benchmark --profile cpu
         python -m experiments.report --profile cpu
@@ -292,7 +304,7 @@ def cpu():
         datasets=("cifar10", "mnist"),
         seeds=(0, 1, 2),
         epochs={"cifar10": 40, "mnist": 40},
-        settings=dict(size="small", heads=4, num_features=16, batch_size=256, learning_rate=2e-3),
+        settings=dict(size="small", heads=4, num_features=16, batch_size=256, learning_rate=2e-3, jit_compile=True),
         dataset_settings={"mnist": dict(augment="rotate_shift")},
         backend="tensorflow",
         deferred=tuple(f"{kernel}-kerple" for kernel in main_kernels()),

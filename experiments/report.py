@@ -381,6 +381,11 @@ def missing_lines(aggregated):
                       "trained which epochs), so this table mixes code versions."]
     elif commits:
         lines += ["", f"Code version: every finished run was trained by commit {commits[0][:12]}."]
+    xla = aggregated.get("xla_runs", 0)
+    if xla:
+        lines += ["", f"XLA: {xla} of the {aggregated['runs']['finished']} finished runs compiled their training "
+                      "step with XLA (`jit_compile`), the others without. It changes float rounding, not what a "
+                      "step computes, so a cell may hold both; each run's config.json says which."]
     mixed = [c["directory"] for c in aggregated["cells"] if c.get("mixed_config")]
     if mixed:
         lines += ["", f"**Warning:** runs of different settings share a cell (not comparable): {', '.join(mixed)}."]

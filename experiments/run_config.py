@@ -11,6 +11,11 @@ AUGMENTATIONS = ("none", "rotate", "rotate_shift", "crop_flip")
 # Fields added after runs were committed, with the value a run folder without them had.
 LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None, "qk_norm": 1.0, "learn_qk_norm": False,
                 "jit_compile": None}
+# Fields that say how a run's steps execute, not what they compute: XLA changes float
+# rounding (and which random numbers a feature redraw gets, from the same distribution),
+# so runs that differ only here stay comparable in one cell. They still belong to the
+# run's identity: a run resumes only with its own setting.
+EXECUTION_FIELDS = ("jit_compile",)
 
 
 class RunError(ValueError):

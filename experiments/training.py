@@ -353,6 +353,11 @@ def steps_per_execution(steps):
     return max(count for count in range(1, STEPS_PER_EXECUTION + 1) if steps % count == 0)
 
 
+def keras_jit_compile(choice):
+    """`model.compile`'s jit_compile for a `--[no-]jit-compile` choice: None (not given) is Keras' "auto"."""
+    return "auto" if choice is None else choice
+
+
 def build_model(config, splits):
     """The run's model, compiled, from the run's seed: every call gives the same initial weights.
 
@@ -371,7 +376,7 @@ def build_model(config, splits):
     steps = data.steps_per_epoch(len(splits.train[0]), config.batch_size)
     model.compile(optimizer=build_optimizer(config, steps), loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                   steps_per_execution=steps_per_execution(steps),
-                  jit_compile="auto" if config.jit_compile is None else config.jit_compile)
+                  jit_compile=keras_jit_compile(config.jit_compile))
     return model
 
 

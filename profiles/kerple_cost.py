@@ -29,6 +29,7 @@ import keras
 
 from experiments import atomic
 from experiments.cli import parser
+from experiments.training import keras_jit_compile
 from performer_keras.kernel_attention import KernelAttention
 from performer_keras.registry import create_model, linear_kernels, main_kernels
 from profiles import bench
@@ -69,13 +70,14 @@ def pair(kernel, size, batch_size, dataset, rounds=ROUNDS, steps=STEPS, num_feat
     keras.backend.clear_session()
     return dict(result, kernel=kernel, size=size, batch_size=batch_size, dataset=dataset,
                 tokens=1 + attention.grid_size[0] * attention.grid_size[1], num_features=num_features,
-                toeplitz_path=attention.toeplitz_path_used, jit_compile=bool(models["kerple"].jit_compile), ratio=result["kerple"]["ms"] / result["absolute"]["ms"],
+                toeplitz_path=attention.toeplitz_path_used, jit_compile=bool(models["kerple"].jit_compile),
+                ratio=result["kerple"]["ms"] / result["absolute"]["ms"],
                 target=TARGET, met=result["kerple"]["ms"] <= TARGET * result["absolute"]["ms"])
 
 
 def main(argv=None):
     args = parser("python -m profiles.kerple_cost", __doc__, "out", "jit-compile").parse_args(argv)
-    jit_compile = "auto" if args.jit_compile is None else args.jit_compile
+    jit_compile = keras_jit_compile(args.jit_compile)
     name = {None: "kerple_cost", True: "kerple_cost-jit", False: "kerple_cost-nojit"}[args.jit_compile]
     result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
     rows = []

@@ -248,6 +248,27 @@ def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
     assert "small/README.md)" in (tmp_path / "README_SECTION.md").read_text()
 
 
+def test_xla_is_not_a_different_setting_but_the_report_counts_it(tmp_path):
+    profile = get_profile("tiny")
+    jobs = benchmark.plan(profile, tmp_path, seeds=[0, 1])
+    root = benchmark.profile_root(tmp_path, profile)
+    for job in benchmark.unique_runs(jobs, root):
+        config = dataclasses.replace(job.config, jit_compile=True) if job.seed == 1 else job.config
+        fake_run(job.folder(root), config, 0.5 + 0.1 * job.seed, [0.3, 0.5])
+    (root / "runs/mnist/favor-absolute/seed0/config.json").write_text(
+        json.dumps(dataclasses.replace(jobs[0].config, variant="favor-absolute", num_features=9).to_dict()))
+
+    result = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))
+    cells = {c["label"]: c for c in result["cells"]}
+    assert cells["softmax-absolute"]["mixed_config"] == []
+    assert cells["softmax-absolute"]["jit_compile"] == {"0": False, "1": True}
+    assert cells["favor-absolute"]["mixed_config"] == ["num_features"]  # a real difference is still flagged
+    assert result["xla_runs"] == 2
+    readme = report.write_report(result, root, tmp_path).read_text()
+    assert "XLA: 2 of the 4 finished runs compiled their training step with XLA" in readme
+    assert "runs of different settings share a cell (not comparable): runs/mnist/favor-absolute." in readme
+
+
 def test_normalisation_rows_complete_the_position_by_normalisation_square(tmp_path):
     # (kernel, position, q/k normalised) -> accuracies of seeds 0, 1, 2.
     table = {

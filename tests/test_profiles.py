@@ -85,6 +85,21 @@ def test_kerple_cost_times_both_positions_alternately_in_one_process():
     assert kerple_cost.pair("relu", "tiny", 8, "mnist", rounds=1, steps=1, num_features=8, jit_compile=True)["jit_compile"]
 
 
+def test_xla_cost_times_the_runs_own_model_with_and_without_xla():
+    from experiments import data
+    from experiments.benchmark_profiles import get_profile
+    from profiles import xla_cost
+
+    splits = data.load_dataset("mnist", limit=640)  # 20 steps of 32: dispatches of 10 steps
+    row = xla_cost.measure(get_profile("tiny"), "favor-absolute", splits, rounds=2, dispatches=1)
+    assert (row["variant"], row["dataset"], row["batch_size"]) == ("favor-absolute", "mnist", 32)
+    for mode in ("false", "true"):
+        assert len(row["images_per_second"][mode]) == 2 and all(v > 0 for v in row["images_per_second"][mode])
+        assert row["median"][mode] == pytest.approx(sorted(row["images_per_second"][mode])[0] / 2
+                                                    + sorted(row["images_per_second"][mode])[1] / 2)
+    assert row["xla_over_plain"] == pytest.approx(row["median"]["true"] / row["median"]["false"])
+
+
 def test_scaling_json_has_every_field_positive(profiled):
     for scope, tokens in (("layer", [257, 513]), ("model", [65, 129])):
         for series in ("softmax-absolute", "favor-absolute", "softmax-fused-absolute"):
