@@ -270,9 +270,9 @@ def cpu():
     xla_cost.json), the run's own training step of every variant with XLA
     trained 0.98-1.61x as many images a second as without (median 1.33x;
     only relu-string was level; MNIST's 50-token steps were not measured),
-    so the rows that had not started by then use it: the 13 CIFAR-10 runs of softmax-absolute, favor-absolute,
-    relu-absolute, softmax-rope and favor-rope seed 0 ran without XLA, every
-    later run with it. XLA changes float rounding, not what a step computes
+    so the rows that had not started by then use it: the 13 CIFAR-10 runs
+    of softmax-absolute, favor-absolute, relu-absolute, softmax-rope and
+    favor-rope seed 0 ran without XLA, every later run with it. XLA changes float rounding, not what a step computes
     (no feature redraws here), so a cell may hold both; the report counts
     them.
 

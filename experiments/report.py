@@ -384,8 +384,8 @@ def missing_lines(aggregated):
     xla = aggregated.get("xla_runs", 0)
     if xla:
         lines += ["", f"XLA: {xla} of the {aggregated['runs']['finished']} finished runs compiled their training "
-                      "step with XLA (`jit_compile`), the others without. It changes float rounding, not what a "
-                      "step computes, so a cell may hold both; each run's config.json says which."]
+                      "step with XLA (`jit_compile`). It changes float rounding, not what a step computes, so a "
+                      "cell may hold runs with and without it; each run's config.json says which."]
     mixed = [c["directory"] for c in aggregated["cells"] if c.get("mixed_config")]
     if mixed:
         lines += ["", f"**Warning:** runs of different settings share a cell (not comparable): {', '.join(mixed)}."]

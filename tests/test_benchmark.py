@@ -265,7 +265,7 @@ def test_xla_is_not_a_different_setting_but_the_report_counts_it(tmp_path):
     assert cells["favor-absolute"]["mixed_config"] == ["num_features"]  # a real difference is still flagged
     assert result["xla_runs"] == 2
     readme = report.write_report(result, root, tmp_path).read_text()
-    assert "XLA: 2 of the 4 finished runs compiled their training step with XLA" in readme
+    assert "XLA: 2 of the 4 finished runs compiled their training step with XLA (`jit_compile`)." in readme
     assert "runs of different settings share a cell (not comparable): runs/mnist/favor-absolute." in readme
 
 
