@@ -19,16 +19,20 @@ down with it. TensorFlow and JAX are used directly here on purpose: this is
 profiling code, not a layer (STYLE rule 2).
 """
 
+import datetime
 import json
 import math
 import re
+import shlex
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import keras
 import numpy as np
 
+from experiments import atomic
 from experiments.compiled import compiled_predict
 from experiments.flops import analytic_model_flops, count_flops, count_training_flops
 from experiments.latency import LATENCY_REPEATS, device_name, measure_latency
@@ -147,6 +151,18 @@ def record_header():
         import tensorflow as backend_module
     return dict(device=device_name(), backend=backend, backend_version=backend_module.__version__,
                 keras_version=keras.__version__)
+
+
+def write_record(out, name, module, argv, **fields):
+    """Write <out>/<device>/<backend>/<name>.json: the command that made it, the date, `record_header()`, `fields`.
+
+    `argv` is the command line `main` was given (None: the process's own). Returns the path.
+    """
+    path = Path(out) / device_slug() / keras.backend.backend() / f"{name}.json"
+    record = {"command": f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv),
+              "date": datetime.datetime.now().isoformat(timespec="seconds"), **record_header(), **fields}
+    atomic.write_json(path, record, indent=1, sort_keys=False)
+    return path
 
 
 def device_slug(name=None):

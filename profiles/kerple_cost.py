@@ -18,16 +18,12 @@ models' steps with (without) XLA, where Keras' default leaves it off for
 TensorFlow on a CPU, and names the file after the choice.
 """
 
-import datetime
-import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import keras
 
-from experiments import atomic
 from experiments.cli import parser
 from experiments.training import keras_jit_compile
 from performer_keras.kernel_attention import KernelAttention
@@ -79,7 +75,6 @@ def main(argv=None):
     args = parser("python -m profiles.kerple_cost", __doc__, "out", "jit-compile").parse_args(argv)
     jit_compile = keras_jit_compile(args.jit_compile)
     name = {None: "kerple_cost", True: "kerple_cost-jit", False: "kerple_cost-nojit"}[args.jit_compile]
-    result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
     rows = []
     for size, batch_size, dataset, num_features in SETTINGS:
         for kernel in KERNELS:
@@ -87,16 +82,10 @@ def main(argv=None):
             rows.append(row)
             print(f"{size} {dataset} ({row['tokens']} tokens) {kernel}: kerple {row['kerple']['ms']:.1f} ms, "
                   f"absolute {row['absolute']['ms']:.1f} ms, x{row['ratio']:.2f}", flush=True)
-    record = {
-        "command": "python -m profiles.kerple_cost " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        **bench.record_header(),
-        "rounds": ROUNDS, "steps_per_round": STEPS, "target": TARGET,
-        "met_everywhere": all(row["met"] for row in rows),
-        "rows": rows,
-    }
-    atomic.write_json(result_dir / f"{name}.json", record, indent=1, sort_keys=False)
-    print(f"written: {result_dir / name}.json (target met everywhere: {record['met_everywhere']})")
+    met = all(row["met"] for row in rows)
+    path = bench.write_record(args.out or DEFAULT_OUT, name, "profiles.kerple_cost", argv, rounds=ROUNDS,
+                              steps_per_round=STEPS, target=TARGET, met_everywhere=met, rows=rows)
+    print(f"written: {path} (target met everywhere: {met})")
     return 0
 
 

@@ -12,16 +12,13 @@ run's augmentation), so both see the same machine. The record keeps each
 round's images/s, the medians and their ratio (XLA over not).
 """
 
-import datetime
-import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import keras
 
-from experiments import atomic, data, pipelines
+from experiments import data, pipelines
 from experiments.benchmark_profiles import get_profile
 from experiments.cli import parser
 from experiments.training import augmentation, build_model
@@ -77,7 +74,6 @@ def measure(profile, variant, splits, rounds=ROUNDS, dispatches=DISPATCHES):
 def main(argv=None):
     args = parser("python -m profiles.xla_cost", __doc__, "out", "datasets", "variants").parse_args(argv)
     profile = get_profile("cpu")
-    result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
     rows = []
     for dataset in args.datasets or profile.datasets:
         splits = data.load_dataset(dataset)
@@ -86,15 +82,9 @@ def main(argv=None):
             rows.append(row)
             print(f"{dataset} {variant}: {row['median']['false']:.0f} images/s plain, "
                   f"{row['median']['true']:.0f} with XLA, x{row['xla_over_plain']:.2f}", flush=True)
-    record = {
-        "command": "python -m profiles.xla_cost " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        **bench.record_header(),
-        "profile": "cpu", "rounds": ROUNDS, "timed_dispatches": DISPATCHES,
-        "rows": rows,
-    }
-    atomic.write_json(result_dir / "xla_cost.json", record, indent=1, sort_keys=False)
-    print(f"written: {result_dir / 'xla_cost.json'}")
+    path = bench.write_record(args.out or DEFAULT_OUT, "xla_cost", "profiles.xla_cost", argv, profile="cpu",
+                              rounds=ROUNDS, timed_dispatches=DISPATCHES, rows=rows)
+    print(f"written: {path}")
     return 0
 
 

@@ -85,6 +85,19 @@ def test_kerple_cost_times_both_positions_alternately_in_one_process():
     assert kerple_cost.pair("relu", "tiny", 8, "mnist", rounds=1, steps=1, num_features=8, jit_compile=True)["jit_compile"]
 
 
+def test_a_profile_record_says_the_command_that_made_it(tmp_path):
+    import keras
+
+    from profiles import bench
+
+    path = bench.write_record(tmp_path, "demo", "profiles.demo", ["--out", "a b"], rows=[1, 2])
+    assert path == tmp_path / bench.device_slug() / keras.backend.backend() / "demo.json"
+    record = read(path)
+    assert record["command"] == "python -m profiles.demo --out 'a b'"
+    assert record["rows"] == [1, 2] and record["backend"] == keras.backend.backend()
+    assert {"date", "device", "backend_version", "keras_version"} <= set(record)
+
+
 def test_xla_cost_times_the_runs_own_model_with_and_without_xla():
     from experiments import data
     from experiments.benchmark_profiles import get_profile
