@@ -385,7 +385,8 @@ def missing_lines(aggregated):
     if xla:
         lines += ["", f"XLA: {xla} of the {aggregated['runs']['finished']} finished runs compiled their training "
                       "step with XLA (`jit_compile`). It changes float rounding, not what a step computes, so a "
-                      "cell may hold runs with and without it; each run's config.json says which."]
+                      "cell may hold runs with and without it (each run's config.json says which); it changes the "
+                      "speed, so training times compare only between runs with the same setting."]
     mixed = [c["directory"] for c in aggregated["cells"] if c.get("mixed_config")]
     if mixed:
         lines += ["", f"**Warning:** runs of different settings share a cell (not comparable): {', '.join(mixed)}."]
