@@ -286,8 +286,11 @@ def cpu():
         while sharing the CPU with two or three other processes, and seed 2,
         alone on the CPU, 1,169 s (results/cpu/benchmark_log.txt): about 20
         minutes a CIFAR-10 run of softmax with absolute positions, 35-40
-        with rope. An MNIST epoch took 60-73 s in the 40-epoch pilot (other
-        work beside it for most epochs), so about 40-50 minutes an MNIST
+        with rope, both without XLA; with XLA, favor-rope seed 1 took
+        2,135 s (a median epoch of 53 s, against 65-73 s for seed 0's
+        epochs 22-29 without it, alone on the CPU; the two runs'
+        history.csv). An MNIST epoch took 60-73 s in the 40-epoch pilot
+        (other work beside it for most epochs), so about 40-50 minutes an MNIST
         run. At these rates the 72 main runs and 12 normalisation runs take
         on the order of 50 CPU hours, about three times the 18 hours issue
         16 allowed: 40 epochs were needed for 65% on CIFAR-10 and for 98.5%
