@@ -139,7 +139,7 @@ def aggregate_cell(root, cell):
     seeds without metrics.json are listed as missing. Configs that differ in
     more than the seed are flagged in "mixed_config" (never silently averaged).
     """
-    runs, configs, curves, commits = {}, {}, [], {}
+    runs, configs, curves, commits, xla = {}, {}, [], {}, {}
     for seed, folder in sorted(seed_folders(Path(root) / cell["directory"]).items()):
         try:
             metrics = json.loads((folder / "metrics.json").read_text())
@@ -148,13 +148,14 @@ def aggregate_cell(root, cell):
             continue  # unfinished, or being written by a running benchmark
         runs[seed] = {key: metrics.get(key) for key in PER_SEED}
         commits[str(seed)] = run_commits(folder)
+        xla[str(seed)] = ran_with_xla(configs[seed], folder)
         curves.append(read_history(folder / "history.csv"))
     result = dict(cell)
     result["seeds"] = {"planned": list(cell["seeds"]), "finished": sorted(runs),
                        "missing": [s for s in cell["seeds"] if s not in runs]}
     result["per_seed"] = {str(seed): values for seed, values in runs.items()}
     result["commits"] = commits
-    result["jit_compile"] = {str(seed): bool(config.get("jit_compile")) for seed, config in configs.items()}
+    result["jit_compile"] = xla
     # init_from names the same seed's checkpoint, so it differs by design.
     shared = [{k: v for k, v in config.items() if k not in ("seed", "init_from", *EXECUTION_FIELDS)}
               for config in configs.values()]
@@ -299,6 +300,22 @@ def adjust_family(cells):
         cell[key]["p_holm"] = p_holm
         cell[key]["verdict"] = significance.verdict(cell[key], p_holm)
     return len(members)
+
+
+def ran_with_xla(config, folder):
+    """Whether XLA compiled a run's training step: its config's explicit choice, else what provenance.json recorded.
+
+    Sessions recorded before provenance kept the setting ran with Keras'
+    "auto", the default then: XLA on JAX, none for TensorFlow on a CPU.
+    """
+    if isinstance(config.get("jit_compile"), bool):
+        return config["jit_compile"]
+    try:
+        sessions = json.loads((Path(folder) / "provenance.json").read_text())["sessions"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return bool(sessions) and all(session.get("jit_compile", session.get("keras_backend") == "jax")
+                                  for session in sessions)
 
 
 def run_commits(folder):

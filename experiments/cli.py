@@ -118,7 +118,7 @@ OPTIONS = {
     "absolute-position": dict(**_SWITCH, help="add the learned absolute embedding"),
     "linformer-dim": dict(type=positive_int, help="projected length k of linformer"),
     "precision": dict(help="float32, mixed_bfloat16 or mixed_float16"),
-    "jit-compile": dict(**_SWITCH, help="compile the training step with XLA (default: Keras' choice, which is off for TensorFlow on a CPU)"),
+    "jit-compile": dict(**_SWITCH, help="compile the training step with XLA (default: on; --no-jit-compile turns it off on TensorFlow)"),
     # How to train.
     "epochs": dict(type=positive_int, help="training epochs (default: the run config's or the profile's)"),
     "batch-size": dict(type=positive_int, help="examples per step (default: the tool's, see its description)"),

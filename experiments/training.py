@@ -145,11 +145,16 @@ def code_version(repo=Path(__file__).resolve().parent.parent):
     return commit.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
 
 
-def record_provenance(out_dir, start_epoch):
-    """Append which code (commit) trained epochs from `start_epoch` on to provenance.json."""
+def record_provenance(out_dir, start_epoch, jit_compile):
+    """Append which code (commit), backend and XLA setting trained epochs from `start_epoch` on to provenance.json.
+
+    `jit_compile` is the model's resolved setting: a config that leaves it
+    to the default (None) says nothing about what ran.
+    """
     path = Path(out_dir) / "provenance.json"
     sessions = read_json(path)["sessions"] if path.exists() else []
-    sessions.append({"commit": code_version(), "start_epoch": start_epoch, "keras_backend": keras.backend.backend()})
+    sessions.append({"commit": code_version(), "start_epoch": start_epoch, "keras_backend": keras.backend.backend(),
+                     "jit_compile": bool(jit_compile)})
     write_json(path, {"sessions": sessions})
 
 
@@ -354,8 +359,17 @@ def steps_per_execution(steps):
 
 
 def keras_jit_compile(choice):
-    """`model.compile`'s jit_compile for a `--[no-]jit-compile` choice: None (not given) is Keras' "auto"."""
-    return "auto" if choice is None else choice
+    """`model.compile`'s jit_compile for a `--[no-]jit-compile` choice.
+
+    None (not given) is XLA on TensorFlow and Keras' "auto" elsewhere (XLA on
+    JAX). Keras' own "auto" turns XLA off for TensorFlow on a CPU, where it
+    measured 1.33x faster for the `cpu` profile's runs
+    (profiles/results/cpu-epyc-2core/tensorflow/xla_cost.json) and faster in
+    the engine benchmark (profiles/results/cpu-epyc-2core/engine.json).
+    """
+    if choice is None:
+        return True if keras.backend.backend() == "tensorflow" else "auto"
+    return choice
 
 
 def build_model(config, splits):
@@ -416,7 +430,7 @@ def _fit(config, splits, source, out_dir, verbose):
     backup_dir = out_dir / "backup"
     model, start_epoch = checkpoints.restore(build, backup_dir, log=lambda line: print(line, file=sys.stderr))
     best_so_far = checkpoints.cut_history(out_dir / "history.csv", start_epoch)
-    record_provenance(out_dir, start_epoch)
+    record_provenance(out_dir, start_epoch, model.jit_compile)
 
     log_dir = out_dir / "logs"
     if start_epoch == 0:

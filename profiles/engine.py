@@ -2,6 +2,7 @@
 
     python -m profiles.engine                              # -> profiles/results/<device>/engine.json
     python -m profiles.engine --baseline /tmp/old-checkout # also train.py's path of another commit
+    python -m profiles.engine --num-features 16            # favor and relu at m = 16 -> engine-m16.json
 
 For size `small` on MNIST (`TASK`: 16,384 training images, train.py's
 default batch of 128), one child process per backend (`engine_child.py`)
@@ -16,7 +17,10 @@ measures in alternating rounds, the first a warm-up:
 
 With ``--baseline PATH`` (a checkout of another commit, e.g. ``git worktree
 add /tmp/old <commit>``), child processes alternate between that code and
-this one, measuring train.py's path on the default backend. The JSON keeps
+this one, measuring train.py's path on the default backend.
+``--num-features M`` gives every model m = M random features (the `cpu`
+profile's 16 against train.py's default 64, at head dimension 16 here) and
+writes ``engine-m<M>.json``. The JSON keeps
 every sample, the medians, and the ratios that issue 14 sets targets for
 (``targets``): softmax over stock >= 1.0, favor and relu over softmax >= 0.9,
 train path over bare fit >= 0.95, this train path over the baseline's >= 1.5.
@@ -85,9 +89,9 @@ def ratios(median):
     }
 
 
-def baseline_comparison(baseline, backend, log=print):
+def baseline_comparison(baseline, backend, task=TASK, log=print):
     """train.py's path here and at `baseline`, child processes alternating `BASELINE_ROUNDS` times."""
-    task = dict(TASK, subjects=["train_path"], rounds=1)
+    task = dict(task, subjects=["train_path"], rounds=1)
     samples = {"this": [], "baseline": []}
     for _ in range(BASELINE_ROUNDS):
         for name, code in (("this", REPO), ("baseline", Path(baseline).resolve())):
@@ -98,11 +102,12 @@ def baseline_comparison(baseline, backend, log=print):
 
 
 def main(argv=None):
-    args = parser("python -m profiles.engine", __doc__, "out", "baseline", "backends").parse_args(argv)
+    args = parser("python -m profiles.engine", __doc__, "out", "baseline", "backends", "num-features").parse_args(argv)
     backends = args.backends or ["tensorflow", "jax"]
+    task = dict(TASK, num_features=args.num_features) if args.num_features else TASK
     per_backend = {}
     for backend in backends:
-        events = run_child(dict(TASK, subjects=SUBJECTS), backend)
+        events = run_child(dict(task, subjects=SUBJECTS), backend)
         median, samples = medians(events)
         setup = next(event for event in events if event["event"] == "setup")
         per_backend[backend] = {"params": setup["params"], "train_images": setup["train_images"],
@@ -111,13 +116,14 @@ def main(argv=None):
         "command": "python -m profiles.engine " + shlex.join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": bench.device_name(),
-        "task": TASK,
+        "task": task,
         "targets": TARGETS,
         "backends": per_backend,
     }
     if args.baseline:
-        record["baseline"] = baseline_comparison(args.baseline, backends[0])
-    path = Path(args.out or DEFAULT_OUT) / bench.device_slug() / "engine.json"
+        record["baseline"] = baseline_comparison(args.baseline, backends[0], task)
+    name = f"engine-m{args.num_features}.json" if args.num_features else "engine.json"
+    path = Path(args.out or DEFAULT_OUT) / bench.device_slug() / name
     atomic.write_json(path, record, indent=1, sort_keys=False)
     summary = {backend: {k: round(v, 3) for k, v in entry["ratios"].items()} for backend, entry in per_backend.items()}
     print(json.dumps({"ratios": summary, "file": str(path)}))

@@ -58,7 +58,7 @@ def stock_model(model, config, splits):
     stock = keras.models.clone_model(model, clone_function=swap)
     steps = len(splits.train[0]) // config.batch_size
     stock.compile(optimizer=training.build_optimizer(config, steps), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
+                  metrics=["accuracy"], steps_per_execution=model.steps_per_execution, jit_compile=model.jit_compile)
     return stock
 
 
@@ -68,8 +68,9 @@ def measure(task, emit):
 
     splits = data.load_dataset(task["dataset"], limit=task["limit"], validation_size=task["validation_size"])
     x, y = splits.train[0].astype("float32"), splits.train[1]
+    features = {"num_features": task["num_features"]} if "num_features" in task else {}
     configs = {variant: RunConfig(variant=variant, dataset=task["dataset"], size=task["size"], epochs=task["epochs"],
-                                  batch_size=task["batch_size"], seed=0, limit=task["limit"])
+                                  batch_size=task["batch_size"], seed=0, limit=task["limit"], **features)
                for variant in task["variants"]}
     models = {}
     for subject in task["subjects"]:

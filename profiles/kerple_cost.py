@@ -14,8 +14,10 @@ process, then timed alternately: `ROUNDS` rounds of `STEPS` training steps
 the step times are compared. The kerple issue's target is a ratio of at most
 `TARGET`. The kerple model runs the Toeplitz path `KernelAttention` picks at
 that N (`toeplitz_path` in the record). `--[no-]jit-compile` compiles both
-models' steps with (without) XLA, where Keras' default leaves it off for
-TensorFlow on a CPU, and names the file after the choice.
+models' steps with (without) XLA and names the file after the choice; without
+either, both use train.py's default (`training.keras_jit_compile`: XLA on
+both backends since 2026-11-25; the committed TensorFlow kerple_cost.json
+was made before, without it).
 """
 
 import statistics

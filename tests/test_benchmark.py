@@ -269,6 +269,22 @@ def test_xla_is_not_a_different_setting_but_the_report_counts_it(tmp_path):
     assert "runs of different settings share a cell (not comparable): runs/mnist/favor-absolute." in readme
 
 
+def test_a_run_left_to_the_default_counts_as_xla_by_what_its_sessions_recorded(tmp_path):
+    def ran(config, *sessions):
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        if sessions:
+            (folder / "provenance.json").write_text(json.dumps({"sessions": list(sessions)}))
+        return aggregate.ran_with_xla(config, folder)
+
+    default, tf, jax = {"variant": "softmax-absolute"}, {"keras_backend": "tensorflow"}, {"keras_backend": "jax"}
+    assert ran(dict(default, jit_compile=True)) and not ran(dict(default, jit_compile=False), dict(tf, jit_compile=True))
+    assert ran(default, dict(tf, jit_compile=True), dict(tf, jit_compile=True))
+    assert not ran(default, dict(tf, jit_compile=True), dict(tf, jit_compile=False))  # resumed without it
+    # Sessions from before provenance kept the setting ran with Keras' "auto": XLA on JAX only.
+    assert ran(default, jax) and not ran(default, tf) and not ran(default)
+
+
 def test_normalisation_rows_complete_the_position_by_normalisation_square(tmp_path):
     # (kernel, position, q/k normalised) -> accuracies of seeds 0, 1, 2.
     table = {

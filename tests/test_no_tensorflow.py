@@ -89,6 +89,7 @@ def test_a_killed_run_resumes_to_identical_metrics(uninterrupted, tmp_path):
     assert (out / "history.csv").read_text().count("\n") == 4  # header and three epochs
     sessions = json.loads((out / "provenance.json").read_text())["sessions"]
     assert [s["start_epoch"] for s in sessions] == [0, 1] and {s["keras_backend"] for s in sessions} == {"jax"}
+    assert all(s["jit_compile"] for s in sessions)  # Keras' "auto" compiles on JAX, and provenance says so
 
 
 def test_evaluate_a_checkpoint_and_refuse_export_in_one_line(uninterrupted, tmp_path):

@@ -275,7 +275,7 @@ def test_favor_kerple_error_falls_as_1_over_sqrt_m_at_the_default_qk_norm_only()
 def test_engine_child_measures_every_subject_with_a_stock_vit_of_equal_size():
     from profiles import engine
 
-    task = dict(engine.TASK, size="tiny", limit=512, rounds=1, subjects=engine.SUBJECTS)
+    task = dict(engine.TASK, size="tiny", limit=512, rounds=1, subjects=engine.SUBJECTS, num_features=8)
     events = engine.run_child(task, "tensorflow", log=lambda line: None)
     params = next(e for e in events if e["event"] == "setup")["params"]
     # The stock ViT swaps attention only: MultiHeadAttention has the same projections as softmax KernelAttention.
@@ -291,13 +291,15 @@ def test_engine_baseline_alternates_processes_and_takes_medians(monkeypatch):
     calls = []
 
     def fake_child(task, backend, code, log):
-        calls.append(Path(code).name)
+        calls.append((Path(code).name, task["num_features"], task["subjects"]))
         speed = 300.0 if Path(code) == engine.REPO else 100.0 + len(calls)
         return [{"event": "sample", "subject": "train_path", "warmup": False, "images_per_second": speed}]
 
     monkeypatch.setattr(engine, "run_child", fake_child)
-    result = engine.baseline_comparison("/tmp/old", "tensorflow", log=lambda line: None)
-    assert calls == [engine.REPO.name, "old"] * engine.BASELINE_ROUNDS
+    result = engine.baseline_comparison("/tmp/old", "tensorflow", dict(engine.TASK, num_features=16),
+                                        log=lambda line: None)
+    # Both checkouts measure the same task, m included.
+    assert calls == [(engine.REPO.name, 16, ["train_path"]), ("old", 16, ["train_path"])] * engine.BASELINE_ROUNDS
     assert result["baseline_images_per_second"] == statistics.median([102.0, 104.0])
     assert result["train_path_over_baseline"] == pytest.approx(300.0 / 103.0)
 

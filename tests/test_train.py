@@ -300,7 +300,7 @@ def test_many_steps_per_dispatch_give_the_same_weights_as_one():
         model = training.build_model(config, splits)
         if per_dispatch:
             model.compile(optimizer=training.build_optimizer(config, 22), loss="sparse_categorical_crossentropy",
-                          metrics=["accuracy"], steps_per_execution=per_dispatch)
+                          metrics=["accuracy"], steps_per_execution=per_dispatch, jit_compile=model.jit_compile)
         else:
             assert model.steps_per_execution == 11
         training.fit_model(model, config, splits, [], 0, 0)
