@@ -15,7 +15,7 @@ exits with status 2, like an argparse usage error.
 
 import sys
 
-from experiments.cli import fail, parser
+from experiments.cli import fail, parser, start_backend
 
 PROG = "evaluate.py"
 
@@ -25,6 +25,7 @@ def main(argv=None):
     cli.add_argument("path", metavar="RUN_OR_MODEL", help="run folder, .keras file or SavedModel folder")
     args = cli.parse_args(argv)
     # Evaluation loads Keras and the backend, so it is imported once the command line is known to be good.
+    start_backend()
     from experiments.data import DataError
     from experiments.evaluation import evaluate
     from experiments.metrics import format_table

@@ -18,11 +18,18 @@ tool that imports it.
 import argparse
 import math
 import os
+import re
 import sys
+import tempfile
 
 # Must be set before TensorFlow is first imported: its C++ start-up log is
 # several lines on stderr, and the one-line promise above covers them.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# What that level does not reach: absl prints the lines logged before its
+# InitializeLog() whatever the level (TF 2.21 on Intel CPUs: "oneDNN custom
+# operations are on", twice, each after absl's own warning that it does so).
+ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+ABSL_INFO_OR_WARNING = re.compile(r"^[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\] ")
 
 USAGE_ERROR = 2
 INTERRUPTED = 130
@@ -227,13 +234,46 @@ def fail(prog, message, status=USAGE_ERROR):
     return status
 
 
+def start_backend():
+    """Import Keras, and with it the backend, dropping TensorFlow's start-up log from stderr and keeping the rest.
+
+    stderr's file descriptor is captured during the import, because the log
+    comes from C++, and the captured lines are written back except absl's
+    info and warning lines (what TF_CPP_MIN_LOG_LEVEL=2 would drop) and its
+    preamble: errors and Python's own warnings still show.
+    """
+    if "keras" in sys.modules:
+        return
+    with tempfile.TemporaryFile() as captured:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            import keras  # noqa: F401
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode(errors="replace").splitlines(keepends=True):
+                if not is_start_up_log(line):
+                    sys.stderr.write(line)
+
+
+def is_start_up_log(line):
+    """Whether `line` is absl's preamble or one of its info or warning lines (see `start_backend`)."""
+    return line.strip() == ABSL_PREAMBLE or bool(ABSL_INFO_OR_WARNING.match(line))
+
+
 def interruptible(prog, function):
     """`function()`'s exit status; Ctrl-C gives one line and 130 instead of a traceback.
 
     Whatever was finished is already on disk (every write is atomic), so the
-    same command resumes.
+    same command resumes. The backend starts here (`start_backend`), once
+    the command line is known to be good.
     """
     try:
+        start_backend()
         return function()
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)

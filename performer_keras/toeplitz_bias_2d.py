@@ -80,17 +80,29 @@ class ToeplitzBias2D(keras.layers.Layer):
         offsets = positions[None, :, :] - positions[:, None, :]  # (P, P, 2): p_j - p_i
         self.offset_index = (offsets[..., 0] + height - 1) * (2 * width - 1) + offsets[..., 1] + width - 1
 
+    def _spread(self, table, prefix_value):
+        """(heads, N, N): `table` (heads, 2H-1, 2W-1) at offset p_j - p_i, `prefix_value` on prefix rows and columns."""
+        table = ops.reshape(table, (self.num_heads, -1))
+        patch_values = ops.take(table, np.asarray(self.offset_index), axis=1)  # (heads, P, P)
+        p = self.num_prefix_tokens
+        return ops.pad(patch_values, [[0, 0], [p, 0], [p, 0]], constant_values=prefix_value)
+
     def bias_matrix(self):
         """(heads, N, N) additive logit bias b[p_j - p_i], 0 on prefix rows and columns."""
-        table = ops.reshape(ops.cast(self.bias, "float32"), (self.num_heads, -1))
-        patch_bias = ops.take(table, np.asarray(self.offset_index), axis=1)  # (heads, P, P)
-        p = self.num_prefix_tokens
-        return ops.pad(patch_bias, [[0, 0], [p, 0], [p, 0]])
+        return self._spread(ops.cast(self.bias, "float32"), 0.0)
+
+    def weight_matrix(self):
+        """(heads, N, N) multiplicative weights exp(b[p_j - p_i]), 1 on prefix rows and columns.
+
+        Equal to exp(bias_matrix()), with the exp taken over the (2H-1)(2W-1)
+        table instead of the N^2 entries, forward and backward.
+        """
+        return self._spread(ops.exp(ops.cast(self.bias, "float32")), 1.0)
 
     def call(self, values, use_fft=True):
         values = ops.cast(values, "float32")
         if not use_fft:
-            return ops.matmul(ops.exp(self.bias_matrix()), values)
+            return ops.matmul(self.weight_matrix(), values)
         return self._fft_correlate(values)
 
     def _fft_correlate(self, values):

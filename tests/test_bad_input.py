@@ -136,3 +136,21 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(case, tmp_path, cap
     assert len(lines) == 1 and "Traceback" not in err, err
     assert expected in lines[0], lines[0]
     assert checksums(tmp_path) == before, f"{case} changed {os.listdir(tmp_path)}"
+
+
+def test_tensorflows_start_up_log_is_told_from_what_stays():
+    from experiments.cli import is_start_up_log
+
+    # As TensorFlow 2.21 prints them on an Intel CPU, whatever TF_CPP_MIN_LOG_LEVEL says.
+    dropped = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
+        "I0000 00:00:1795575343.338505   13204 port.cc:153] oneDNN custom operations are on. You may see slightly "
+        "different numerical results due to floating-point round-off errors.\n",
+        "W0000 00:00:1795575343.338505   13204 cuda_dnn.cc:8] Unable to register cuDNN factory\n",
+    ]
+    kept = [
+        "E0000 00:00:1795575343.338505   13204 cuda_driver.cc:152] failed call to cuInit: UNKNOWN ERROR (303)\n",
+        "train.py: error: argument --epochs: expected a whole number >= 1, got '0'\n",
+        "/x/keras/src/export.py:3: UserWarning: a Python warning\n",
+    ]
+    assert all(is_start_up_log(line) for line in dropped) and not any(is_start_up_log(line) for line in kept)

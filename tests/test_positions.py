@@ -186,6 +186,8 @@ def test_kerple_bias_is_toeplitz():
         np.testing.assert_allclose(values, np.broadcast_to(values[0], np.shape(values)))
     # CLS: bias 0 with every token, both ways.
     assert np.all(bias[:, :prefix, :] == 0) and np.all(bias[:, :, :prefix] == 0)
+    # The linear kernels' multiplicative weights: exp of the same matrix, so factor 1 for CLS.
+    np.testing.assert_allclose(to_numpy(layer.weight_matrix()), np.exp(bias), rtol=1e-6)
 
 
 # === Bad arguments. ===
