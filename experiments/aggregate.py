@@ -147,8 +147,9 @@ def aggregate_cell(root, cell):
         except (OSError, ValueError):
             continue  # unfinished, or being written by a running benchmark
         runs[seed] = {key: metrics.get(key) for key in PER_SEED}
-        commits[str(seed)] = run_commits(folder)
-        xla[str(seed)] = ran_with_xla(configs[seed], folder)
+        sessions = read_sessions(folder)
+        commits[str(seed)] = list(dict.fromkeys(str(session.get("commit")) for session in sessions))
+        xla[str(seed)] = ran_with_xla(configs[seed], sessions)
         curves.append(read_history(folder / "history.csv"))
     result = dict(cell)
     result["seeds"] = {"planned": list(cell["seeds"]), "finished": sorted(runs),
@@ -302,29 +303,24 @@ def adjust_family(cells):
     return len(members)
 
 
-def ran_with_xla(config, folder):
-    """Whether XLA compiled a run's training step: its config's explicit choice, else what provenance.json recorded.
+def read_sessions(folder):
+    """The training sessions of a run, in order, from its provenance.json ([] when it has none)."""
+    try:
+        return json.loads((Path(folder) / "provenance.json").read_text())["sessions"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def ran_with_xla(config, sessions):
+    """Whether XLA compiled a run's training step: its config's explicit choice, else what its sessions recorded.
 
     Sessions recorded before provenance kept the setting ran with Keras'
     "auto", the default then: XLA on JAX, none for TensorFlow on a CPU.
     """
     if isinstance(config.get("jit_compile"), bool):
         return config["jit_compile"]
-    try:
-        sessions = json.loads((Path(folder) / "provenance.json").read_text())["sessions"]
-    except (OSError, ValueError, KeyError):
-        return False
     return bool(sessions) and all(session.get("jit_compile", session.get("keras_backend") == "jax")
                                   for session in sessions)
-
-
-def run_commits(folder):
-    """The commits that trained a run, in session order, from its provenance.json ([] when it has none)."""
-    try:
-        sessions = json.loads((Path(folder) / "provenance.json").read_text())["sessions"]
-    except (OSError, ValueError, KeyError):
-        return []
-    return list(dict.fromkeys(str(session.get("commit")) for session in sessions))
 
 
 def aggregate(root, cells, **header):

@@ -275,7 +275,7 @@ def test_a_run_left_to_the_default_counts_as_xla_by_what_its_sessions_recorded(t
         folder.mkdir()
         if sessions:
             (folder / "provenance.json").write_text(json.dumps({"sessions": list(sessions)}))
-        return aggregate.ran_with_xla(config, folder)
+        return aggregate.ran_with_xla(config, aggregate.read_sessions(folder))
 
     default, tf, jax = {"variant": "softmax-absolute"}, {"keras_backend": "tensorflow"}, {"keras_backend": "jax"}
     assert ran(dict(default, jit_compile=True)) and not ran(dict(default, jit_compile=False), dict(tf, jit_compile=True))
