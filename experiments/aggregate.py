@@ -157,6 +157,7 @@ def aggregate_cell(root, cell):
     result["per_seed"] = {str(seed): values for seed, values in runs.items()}
     result["commits"] = commits
     result["jit_compile"] = xla
+    result["timed_on"] = timing_groups(runs, xla)
     # init_from names the same seed's checkpoint, so it differs by design.
     shared = [{k: v for k, v in config.items() if k not in ("seed", "init_from", *EXECUTION_FIELDS)}
               for config in configs.values()]
@@ -177,6 +178,53 @@ def aggregate_cell(root, cell):
         "standard_error": significance.binomial_standard_error(mean_accuracy, test_examples),
     }
     return result
+
+
+def timing_groups(runs, xla):
+    """[{"device", "jit_compile", "seeds"}] of a cell's finished runs, largest group first.
+
+    Timings depend on the machine and on XLA, so they compare only within one group.
+    """
+    groups = {}
+    for seed, values in runs.items():
+        groups.setdefault((values["device"], xla[str(seed)]), []).append(seed)
+    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), str(item[0])))
+    return [{"device": device, "jit_compile": jit, "seeds": seeds} for (device, jit), seeds in ordered]
+
+
+def _group_seeds(cell, device, jit_compile):
+    return next((g["seeds"] for g in cell.get("timed_on", []) if (g["device"], g["jit_compile"]) == (device, jit_compile)), [])
+
+
+def group_mean(cell, device, jit_compile, key):
+    """Mean `key` over the cell's runs on `device` with XLA `jit_compile`; None without such runs or values."""
+    values = [cell["per_seed"][str(seed)][key] for seed in _group_seeds(cell, device, jit_compile)]
+    return float(np.mean(values)) if values and None not in values else None
+
+
+def timing_ratio(cell, base, key):
+    """Mean `key` of `cell` over that of `base`, from the runs of one (device, XLA) group they share.
+
+    Returns None when no group holds timed runs of both; else {"ratio",
+    "device", "jit_compile", "runs": [of cell, of base]} for the group with the most runs.
+    """
+    groups = [(g["device"], g["jit_compile"]) for g in cell.get("timed_on", [])]
+    shared = [group for group in groups if _group_seeds(base, *group)]
+    for group in sorted(shared, key=lambda group: -len(_group_seeds(cell, *group)) - len(_group_seeds(base, *group))):
+        value, base_value = group_mean(cell, *group, key), group_mean(base, *group, key)
+        if value is not None and base_value:
+            return {"ratio": value / base_value, "device": group[0], "jit_compile": group[1],
+                    "runs": [len(_group_seeds(cell, *group)), len(_group_seeds(base, *group))]}
+    return None
+
+
+def common_timing_group(cells):
+    """The (device, XLA) group that timed runs of the most `cells`, or None: one axis for a latency figure."""
+    counts = {}
+    for cell in cells:
+        for g in cell.get("timed_on", []):
+            counts[(g["device"], g["jit_compile"])] = counts.get((g["device"], g["jit_compile"]), 0) + 1
+    return max(sorted(counts, key=str), key=counts.get) if counts else None
 
 
 def accuracies(cell):

@@ -35,14 +35,18 @@ def pareto_front(points):
     return front
 
 
-def plot_pareto(cells, dataset, path):
-    """Test accuracy (mean, std bars) against batch-1 latency per image, front joined."""
-    done = [c for c in cells if c["test_accuracy"] and c["latency_ms_batch1"]]
-    if not done:
+def plot_pareto(timed, dataset, path):
+    """Test accuracy (mean, std bars) against batch-1 latency per image, front joined.
+
+    Args:
+        timed: [(cell, latency in ms)] of finished cells, every latency from one device and XLA setting.
+    """
+    if not timed:
         return False
     figure = new_figure(7.5, 5)
     axes = figure.add_subplot()
-    points = [(c["latency_ms_batch1"]["mean"], c["test_accuracy"]["mean"]) for c in done]
+    done = [c for c, _ in timed]
+    points = [(latency, c["test_accuracy"]["mean"]) for c, latency in timed]
     for c, (x, y) in zip(done, points):
         colour, marker = _style(c["variant"])
         axes.errorbar(x, 100 * y, yerr=100 * (c["test_accuracy"]["std"] or 0), fmt=marker, color=colour, capsize=3)

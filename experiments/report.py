@@ -28,11 +28,11 @@ import sys
 from pathlib import Path
 
 from experiments import atomic
-from experiments.aggregate import BASELINE, normalization_index
+from experiments.aggregate import BASELINE, common_timing_group, group_mean, normalization_index, timing_ratio
 from experiments.benchmark import profile_root, selected_jobs, write_aggregate
 from experiments.benchmark_figures import dataset_name, plot_curves, plot_pareto
 from experiments.benchmark_profiles import PROFILES, get_profile
-from experiments.cli import SELECTION_OPTIONS, fail, parser
+from experiments.cli import SELECTION_OPTIONS, fail, parser, start_backend
 from experiments.markdown import table_lines
 from experiments.run_config import LATER_FIELDS, RunError
 from experiments.saliency import SALIENCY_IMAGES, plot_saliency
@@ -113,10 +113,24 @@ def _epochs_to(cell):
     return " / ".join(parts)
 
 
+def _group_text(device, jit_compile):
+    return f"{device}, {'XLA' if jit_compile else 'no XLA'}"
+
+
+def _timings(cell):
+    """Seconds per epoch, ms/img at batch 1 and 256, and where: means over the cell's largest (device, XLA) group."""
+    group = cell["timed_on"][0]
+    where = (group["device"], group["jit_compile"])
+    return [_number(group_mean(cell, *where, "train_seconds_per_epoch"), 1),
+            _number(group_mean(cell, *where, "latency_ms_batch1"), 3),
+            _number(group_mean(cell, *where, "latency_ms_batch256"), 3),
+            f"{_group_text(*where)} ({len(group['seeds'])}/{len(cell['per_seed'])})"]
+
+
 def detail_table(cells):
     header = ["variant", "accuracy % (mean ± std)", "95% CI", "test SE %", "min–max", "macro F1 %", "NLL nats/img",
               "ECE %", "log-lik.", "AIC", "BIC", "params", "MFLOPs/img", "s/epoch", "ms/img b1", "ms/img b256",
-              "epochs to 90/95/99% val"]
+              "timed on (runs)", "epochs to 90/95/99% val"]
     rows = []
     for c in cells:
         acc = c["test_accuracy"]
@@ -131,8 +145,7 @@ def detail_table(cells):
             _mean(c.get("nll_per_image"), digits=4), _mean(c.get("expected_calibration_error"), 100, 2),
             _mean(c["log_likelihood"]), _mean(c["aic"]), _mean(c["bic"]),
             _number(c["params"], 0), _number(None if c["flops_per_image"] is None else c["flops_per_image"] / 1e6, 2),
-            _mean(c["train_seconds_per_epoch"]), _mean(c["latency_ms_batch1"], digits=3),
-            _mean(c["latency_ms_batch256"], digits=3), _epochs_to(c),
+            *_timings(c), _epochs_to(c),
         ])
     return table_lines(header, rows)
 
@@ -251,6 +264,19 @@ def family_line(aggregated):
             "these pairs: \"not separated\" says nothing about differences smaller than it.")
 
 
+def cost_text(cell, base):
+    """Latency and training-time ratios of `cell` to `base`, from runs of one device and XLA setting only."""
+    latency = timing_ratio(cell, base, "latency_ms_batch1")
+    if latency is None:
+        return "cost not comparable: no runs of both on one device with one XLA setting"
+    text = f"latency ×{latency['ratio']:.2f}"
+    seconds = timing_ratio(cell, base, "train_seconds_per_epoch")
+    if seconds is not None:
+        text += f", training time ×{seconds['ratio']:.2f}"
+    runs = "{}+{}".format(*latency["runs"])
+    return f"{text}; {runs} runs on {_group_text(latency['device'], latency['jit_compile'])}"
+
+
 def answer_lines(aggregated):
     """Per dataset and linear kernel: the gap with absolute positions and with each relative one, and the cost."""
     cells = _by(aggregated["cells"], "variants")
@@ -268,14 +294,8 @@ def answer_lines(aggregated):
                     parts.append(f"{position} missing")
                     continue
                 text = f"{position} {gap_text(c['gap_to_softmax'])}"
-                if position != "absolute" and base and base["latency_ms_batch1"] and c["latency_ms_batch1"]:
-                    latency = c["latency_ms_batch1"]["mean"] / base["latency_ms_batch1"]["mean"]
-                    seconds = (c["train_seconds_per_epoch"] or {}).get("mean")
-                    base_seconds = (base["train_seconds_per_epoch"] or {}).get("mean")
-                    cost = f"latency ×{latency:.2f}"
-                    if seconds and base_seconds:
-                        cost += f", training time ×{seconds / base_seconds:.2f}"
-                    text += f" ({cost} vs {kernel}-absolute)"
+                if position != "absolute" and base:
+                    text += f" ({cost_text(c, base)} vs {kernel}-absolute)"
                 parts.append(text)
             if parts:
                 lines.append(f"- {dataset_name(dataset)}, {kernel}: " + "; ".join(parts) + ".")
@@ -296,11 +316,14 @@ def ablation_lines(aggregated):
         lines += ["## Ablation: number of random features m", "",
                   "Test accuracy %, mean ± std [95% CI] (seeds); the profile's own m is the variant row above.", ""]
         lines += table_lines(["dataset", "variant"] + [f"m = {m}" for m in values], rows) + [""]
+        group = common_timing_group(cells)
         latency_rows = [
-            [dataset_name(d), v] + [_mean(index[(d, v, m)]["latency_ms_batch1"], digits=3) if (d, v, m) in index else "–" for m in values]
+            [dataset_name(d), v] + [_number(group_mean(index[(d, v, m)], *group, "latency_ms_batch1"), 3)
+                                    if (d, v, m) in index else "–" for m in values]
             for d, v in dict.fromkeys((c["dataset"], c["variant"]) for c in cells)
-        ]
-        lines += ["Inference ms per image (batch 1):", ""]
+        ] if group else []
+        where = f", runs on {_group_text(*group)} only" if group else ""
+        lines += [f"Inference ms per image (batch 1{where}):", ""]
         lines += table_lines(["dataset", "variant"] + [f"m = {m}" for m in values], latency_rows) + [""]
     lines += normalization_lines(aggregated)
     cells = _by(aggregated["cells"], "init_from")
@@ -386,7 +409,7 @@ def missing_lines(aggregated):
         lines += ["", f"XLA: {xla} of the {aggregated['runs']['finished']} finished runs compiled their training "
                       "step with XLA (`jit_compile`). It changes float rounding, not what a step computes, so a "
                       "cell may hold runs with and without it (each run's config.json says which); it changes the "
-                      "speed, so training times compare only between runs with the same setting."]
+                      "speed, so training times compare only between runs with the same setting and device."]
     mixed = [c["directory"] for c in aggregated["cells"] if c.get("mixed_config")]
     if mixed:
         lines += ["", f"**Warning:** runs of different settings share a cell (not comparable): {', '.join(mixed)}."]
@@ -442,8 +465,10 @@ def render(aggregated, figures):
                   "the fit measures to read: AIC and BIC are 2k − 2 ln L and k ln n − 2 ln L with k the trainable "
                   "parameters, tens of thousands here against − 2 ln L of a few thousand, so they rank the variants "
                   "by their parameter count. Params trainable; seconds per epoch (median epoch of a run) and ms per "
-                  "image at batch 1 and 256, mean over seeds, on the device above: timings on a shared machine are "
-                  "noisy, so read small differences with care.", ""]
+                  "image at batch 1 and 256: timings depend on the machine and on XLA, so each is the mean over the "
+                  "cell's largest group of runs on one device with one XLA setting (named in \"timed on\"), and "
+                  "they compare only between rows timed on the same; on a shared machine they are noisy, so read "
+                  "small differences with care.", ""]
         lines += detail_table([c for c in rows if _is_main(c)]) + [""]
         extra = [c for c in rows if not _is_main(c)]
         if extra:
@@ -520,6 +545,21 @@ def write_readme_section(results_dir):
     return path
 
 
+def _pareto(cells, dataset, root):
+    """(drawn, note) of the accuracy-latency figure, whose latencies all come from one device and XLA setting."""
+    finished = [c for c in cells if c["test_accuracy"]]
+    group = common_timing_group(finished)
+    points = [(c, group_mean(c, *group, "latency_ms_batch1")) for c in finished] if group else []
+    points = [(c, latency) for c, latency in points if latency is not None]
+    if not plot_pareto(points, dataset, root / f"pareto_{dataset}.png"):
+        return False, "not drawn: no finished run"
+    note = f"Marker: position; colour: kernel; bars: std over seeds. Latency: the runs on {_group_text(*group)}"
+    left_out = [c["label"] for c in finished if c not in [cell for cell, _ in points]]
+    if left_out:
+        note += f"; left out, with no run timed there: {', '.join(left_out)}"
+    return True, note + "."
+
+
 def write_report(aggregated, root, results_dir=None):
     """Write README.md and the figures of `aggregated` into `root`; README_SECTION.md into `results_dir`
     (from every profile's aggregate.json there).
@@ -532,9 +572,7 @@ def write_report(aggregated, root, results_dir=None):
     rows = _by(aggregated["cells"], "variants")
     for dataset in _datasets(rows):
         in_dataset = _by(rows, "variants", dataset)
-        drawn = plot_pareto(in_dataset, dataset, root / f"pareto_{dataset}.png")
-        figures[f"pareto_{dataset}"] = (drawn, "Marker: position; colour: kernel; bars: std over seeds."
-                                        if drawn else "not drawn: no finished run")
+        figures[f"pareto_{dataset}"] = _pareto(in_dataset, dataset, root)
         drawn = plot_curves(in_dataset, dataset, root / f"curves_{dataset}.png")
         figures[f"curves_{dataset}"] = (drawn, "One panel per kernel, one line per position; the legend counts the seeds."
                                         if drawn else "not drawn: no finished run")
@@ -555,6 +593,7 @@ def main(argv=None):
         selected = selected_jobs(args, profile)
     except (RunError, ValueError) as error:
         return fail("report", error)
+    start_backend()
     root = profile_root(args.results_dir, profile)
     write_aggregate(profile, args.results_dir, selected)
     aggregated = json.loads((root / "aggregate.json").read_text())

@@ -6,7 +6,6 @@ the report says the figure was not drawn and why.
 
 from pathlib import Path
 
-import keras
 import numpy as np
 
 import performer_keras
@@ -56,6 +55,9 @@ def plot_saliency(cells, dataset, root, path):
     """
     if not any(c["seeds"]["finished"] for c in cells):
         return False, "not drawn: no finished run"
+    # Imported here so that the report's command starts the backend first (`cli.start_backend`).
+    import keras
+
     if keras.backend.backend() != "tensorflow":
         return False, f"not drawn: saliency maps need the TensorFlow backend (this report ran on {keras.backend.backend()})"
     checkpoints = []

@@ -193,15 +193,15 @@ def test_deferred_rows_come_after_every_other_main_row(tmp_path):
 # === Aggregate and report of planned, partly finished runs (no training) ===
 
 
-def fake_run(folder, config, accuracy, val_curve, test_examples=None):
+def fake_run(folder, config, accuracy, val_curve, test_examples=None, device="cpu: test", latency=None):
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(config.to_dict()))
     metrics = {key: None for key in METRIC_KEYS} | {
         "variant": config.variant, "dataset": config.dataset, "seed": config.seed, "test_accuracy": accuracy,
         "macro_f1": accuracy - 0.01, "log_likelihood": -100.0, "aic": 300.0, "bic": 400.0, "params": 1000,
-        "flops_per_image": 2e6, "train_seconds_per_epoch": 5.0, "latency_ms_batch1": 1.0 + accuracy,
-        "latency_ms_batch256": 0.1, "epochs_to_90": 2 if max(val_curve) >= 0.9 else None,
-        "device": "cpu: test", "backend": "tensorflow", "test_examples": test_examples,
+        "flops_per_image": 2e6, "train_seconds_per_epoch": 5.0 * (latency or 1.0),
+        "latency_ms_batch1": latency or 1.0 + accuracy, "latency_ms_batch256": 0.1,
+        "epochs_to_90": 2 if max(val_curve) >= 0.9 else None, "device": device, "backend": "tensorflow", "test_examples": test_examples,
     }
     (folder / "metrics.json").write_text(json.dumps(metrics))
     with open(folder / "history.csv", "w", newline="") as f:
@@ -267,6 +267,38 @@ def test_xla_is_not_a_different_setting_but_the_report_counts_it(tmp_path):
     readme = report.write_report(result, root, tmp_path).read_text()
     assert "XLA: 2 of the 4 finished runs compiled their training step with XLA (`jit_compile`)." in readme
     assert "runs of different settings share a cell (not comparable): runs/mnist/favor-absolute." in readme
+
+
+def test_timings_compare_only_between_runs_of_one_device_and_xla_setting(tmp_path):
+    # variant -> per seed (device, XLA, ms per image); the naive mean over favor-absolute's seeds would be 4.
+    timings = {
+        "favor-absolute": [("cpu: A", False, 1.0), ("cpu: A", False, 1.0), ("cpu: B", True, 10.0)],
+        "favor-rope": [("cpu: B", True, 30.0)] * 3,
+        "relu-absolute": [("cpu: A", False, 2.0)] * 3,
+        "relu-rope": [("cpu: B", True, 3.0)] * 3,
+    }
+    profile = get_profile("cpu")
+    variants = ["softmax-absolute", "softmax-rope", *timings]
+    jobs = benchmark.plan(profile, tmp_path, variants=variants, datasets=["mnist"], seeds=[0, 1, 2])
+    root = benchmark.profile_root(tmp_path, profile)
+    for job in benchmark.unique_runs(jobs, root):
+        device, jit, latency = timings.get(job.variant, [("cpu: A", False, 1.0)] * 3)[job.seed]
+        config = dataclasses.replace(job.config, jit_compile=jit)
+        fake_run(job.folder(root), config, 0.9 + 0.01 * job.seed, [0.9], device=device, latency=latency)
+
+    result = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))
+    cells = {c["label"]: c for c in result["cells"]}
+    assert cells["favor-absolute"]["timed_on"] == [{"device": "cpu: A", "jit_compile": False, "seeds": [0, 1]},
+                                                   {"device": "cpu: B", "jit_compile": True, "seeds": [2]}]
+    ratio = aggregate.timing_ratio(cells["favor-rope"], cells["favor-absolute"], "latency_ms_batch1")
+    assert ratio == {"ratio": 3.0, "device": "cpu: B", "jit_compile": True, "runs": [3, 1]}
+    assert aggregate.timing_ratio(cells["relu-rope"], cells["relu-absolute"], "latency_ms_batch1") is None
+    readme = report.write_report(result, root, tmp_path).read_text()
+    assert "(latency ×3.00, training time ×3.00; 3+1 runs on cpu: B, XLA vs favor-absolute)" in readme
+    assert "(cost not comparable: no runs of both on one device with one XLA setting vs relu-absolute)" in readme
+    assert "| 5.0 | 1.000 | 0.100 | cpu: A, no XLA (2/3) |" in readme  # favor-absolute, without seed 2's 10 ms
+    assert ("Latency: the runs on cpu: A, no XLA; left out, with no run timed there: favor-rope, relu-rope."
+            in readme)
 
 
 def test_a_run_left_to_the_default_counts_as_xla_by_what_its_sessions_recorded(tmp_path):
