@@ -105,6 +105,7 @@ def test_best_hparams_reproduce_the_trial_in_train_py(search, tmp_path):
     assert float(in_search[column]) == pytest.approx(best["val_accuracy"], abs=1e-6)
 
 
+@pytest.mark.slow  # a real process killed mid-search, like tests/test_kill.py: about a minute
 def test_killed_search_resumes_without_rerunning_finished_trials(search, tmp_path):
     out = tmp_path / "favor-rope"
     command = [sys.executable, "-m", "tuning", *SEARCH, "--out", str(out)]
