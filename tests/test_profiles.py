@@ -76,9 +76,12 @@ def test_kerple_cost_times_both_positions_alternately_in_one_process():
 
     row = kerple_cost.pair("relu", "tiny", 8, "mnist", rounds=2, steps=2, num_features=8)
     assert (row["tokens"], row["toeplitz_path"]) == (17, "dense")
-    for position in kerple_cost.POSITIONS:
-        assert len(row[position]["ms_all"]) == 4 and row[position]["ms"] > 0
+    for name, normalizes in (("absolute", False), ("kerple", True), ("absolute_normalized", True)):
+        assert len(row[name]["ms_all"]) == 4 and row[name]["ms"] > 0
+        assert row[name]["normalizes_qk"] is normalizes
     assert row["ratio"] == pytest.approx(row["kerple"]["ms"] / row["absolute"]["ms"])
+    assert row["ratio_same_normalization"] == pytest.approx(row["kerple"]["ms"] / row["absolute_normalized"]["ms"])
+    assert row["normalization_ratio"] == pytest.approx(row["absolute_normalized"]["ms"] / row["absolute"]["ms"])
     assert row["met"] == (row["ratio"] <= kerple_cost.TARGET)
     # Keras' default compiles with XLA on JAX only (on a CPU); --jit-compile asks for it on both.
     assert row["jit_compile"] is (keras.backend.backend() == "jax")
