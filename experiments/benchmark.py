@@ -32,8 +32,7 @@ is that row's folder, not a second copy.
 
 The queue runs the main table first, dataset by dataset, all seeds of a row
 before the next row, so that whole cells of the main table finish first; then
-the profile's deferred rows (`Profile.deferred`, on every dataset), then the
-extra rows (exp, linformer), then the init-from, num_features and normalize_qk experiments. At the end aggregate.json is
+the extra rows (exp, linformer), then the init-from, num_features and normalize_qk experiments. At the end aggregate.json is
 written (`aggregate.py`); the report is `python -m experiments.report`.
 
 Exit status: 0 when every queued run is finished or was left for lack of time
@@ -112,8 +111,7 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
     datasets = tuple(datasets or profile.datasets)
     main_seeds = tuple(profile.seeds if seeds is None else seeds)
     ablation_seeds = tuple((profile.ablation_seeds or profile.seeds) if seeds is None else seeds)
-    main_rows = tuple(v for v in profile.variants if v not in profile.deferred)
-    row_groups = [tuple(variants)] if variants else [main_rows, profile.deferred, profile.extra_variants]
+    row_groups = [tuple(variants)] if variants else [profile.variants, profile.extra_variants]
     wanted = (lambda v: True) if variants is None else (lambda v: v in variants)
     jobs, configs = [], {}
 

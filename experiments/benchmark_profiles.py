@@ -43,8 +43,6 @@ class Profile:
         dataset_settings: {dataset: RunConfig fields} that replace `settings`
             on that dataset (each dataset is a table of its own, so its rows
             stay comparable).
-        deferred: rows of `variants` queued after every other main-table row
-            of every dataset (rows whose cost is about to fall).
         pipeline_check: a check that the pipeline works, not an answer: the
             top-level README names it in one line instead of showing its table.
         backend: the Keras backend the runs must be made with (None: any);
@@ -77,7 +75,6 @@ class Profile:
     normalize_qk: dict = dataclasses.field(default_factory=dict)
     hparams_dir: str | None = None
     dataset_settings: dict = dataclasses.field(default_factory=dict)
-    deferred: tuple = ()
     pipeline_check: bool = False
 
     def __post_init__(self):
@@ -88,8 +85,6 @@ class Profile:
         for settings in [self.settings, *self.dataset_settings.values()]:
             if settings.get("limit") is not None and settings.get("limit_test", True):
                 raise ValueError(f"profile {self.name!r} limits the test split: a limit needs limit_test=False")
-        if not set(self.deferred) <= set(self.variants):
-            raise ValueError(f"profile {self.name!r} defers rows it does not run: {sorted(set(self.deferred) - set(self.variants))}")
 
     def hparams_file(self, variant, dataset):
         """The tuner's best_hparams.json of (variant, dataset), or None."""
@@ -227,10 +222,12 @@ def cpu():
     (MNIST 55,000, CIFAR-10 45,000), validation 5,000, and always the full
     10,000-image test set; 40 epochs (MNIST with `rotate_shift`); seeds 0, 1, 2;
     TensorFlow (this CPU's fastest engine) with the training step compiled by
-    XLA (`jit_compile`). The queue runs CIFAR-10 first, the
-    absolute, rope and string rows, then MNIST; the three kerple rows are
-    deferred to the end (`deferred`): they waited for the kerple issue's
-    dense path and q/k norm. Kerple normalises q and k to 0.25 sqrt(d)
+    XLA (`jit_compile`). The queue runs CIFAR-10 first, the dataset where a
+    gap to softmax opened in the pilots, so that its table is whole before
+    MNIST starts: the absolute, rope and string rows, then the three kerple
+    rows, which waited (queued after MNIST until 2026-11-25) for the kerple
+    issue's dense path and q/k norm; then MNIST. Kerple
+    normalises q and k to 0.25 sqrt(d)
     (`registry.DEFAULT_QK_NORM`, where FAVOR+ stays an accurate estimate of
     softmax). Last, on CIFAR-10, softmax and favor with q/k normalisation
     switched (absolute with it, kerple without it, 12 runs): with the main
@@ -310,7 +307,6 @@ def cpu():
         settings=dict(size="small", heads=4, num_features=16, batch_size=256, learning_rate=2e-3, jit_compile=True),
         dataset_settings={"mnist": dict(augment="rotate_shift")},
         backend="tensorflow",
-        deferred=tuple(f"{kernel}-kerple" for kernel in main_kernels()),
         normalize_qk=dict(variants=NORMALIZE_QK_VARIANTS, datasets=("cifar10",)),
     )
 

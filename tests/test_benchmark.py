@@ -182,14 +182,6 @@ def test_no_benchmark_profile_limits_the_test_split():
                 seeds=(0,), epochs={"mnist": 1}, settings=dict(limit=100))
 
 
-def test_deferred_rows_come_after_every_other_main_row(tmp_path):
-    profile = dataclasses.replace(get_profile("tiny"), datasets=("mnist", "cifar10"), deferred=("softmax-absolute",),
-                                  epochs={"mnist": 1, "cifar10": 1})
-    order = [(job.dataset, job.variant) for job in benchmark.plan(profile, tmp_path, experiments=["variants"])]
-    assert order == [("mnist", "favor-absolute")] * 2 + [("cifar10", "favor-absolute")] * 2 + [
-        ("mnist", "softmax-absolute")] * 2 + [("cifar10", "softmax-absolute")] * 2
-
-
 # === Aggregate and report of planned, partly finished runs (no training) ===
 
 
