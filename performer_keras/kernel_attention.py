@@ -61,8 +61,8 @@ class KernelAttention(keras.layers.Layer):
                 logit bias B for softmax; weights exp(b[p_j - p_i]) phi(q_i)^T
                 phi(k_j) in numerator and normaliser for linear kernels, by
                 one of two exact algorithms (`toeplitz_path`): dense, the
-                N x N weights exp(B) * (phi(Q) phi(K)^T) times [V, 1] in
-                O(N^2 (m + d)) time and O(N^2) memory, or FFT, a 2D
+                N x N weights exp(B) * (phi(Q) phi(K)^T) times V over their
+                row sums, in O(N^2 (m + d)) time and O(N^2) memory, or FFT, a 2D
                 cross-correlation of phi(k_j) (x) [v_j, 1] in O(N log N m d)
                 time and O(N m d) memory. q and k are l2-normalised first by
                 default (`normalize_qk`), the paper's source of stability.
@@ -335,20 +335,20 @@ class KernelAttention(keras.layers.Layer):
         return numerator / normaliser
 
     def _linear_toeplitz(self, phi_q, phi_k, v):
-        d = ops.shape(v)[-1]
-        # [v_j, 1]: numerator and normaliser in one product (dense) or one correlation (FFT).
-        v_ones = ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)  # (batch, heads, N, d+1)
         if self.toeplitz_path_used == "dense":
-            # w_ij = exp(b[p_j - p_i]) phi(q_i)^T phi(k_j): the N x N weights, formed once.
-            scores = ops.matmul(phi_q, ops.transpose(phi_k, (0, 1, 3, 2)))  # (batch, heads, N, N)
-            out = ops.matmul(scores * self.toeplitz.weight_matrix()[None], v_ones)  # (batch, heads, N, d+1)
-        else:
-            batch, heads, tokens, m = ops.shape(phi_q)
-            # u_j = phi(k_j) (x) [v_j, 1].
-            u = phi_k[..., :, None] * v_ones[..., None, :]  # (batch, heads, N, m, d+1)
-            s = self.toeplitz(ops.reshape(u, (-1, heads, tokens, m * (d + 1))))
-            s = ops.reshape(s, (-1, heads, tokens, m, d + 1))
-            out = ops.matmul(phi_q[..., None, :], s)[..., 0, :]  # (batch, heads, N, d+1)
+            # w_ij = exp(b[p_j - p_i]) phi(q_i)^T phi(k_j): the N x N weights, formed once. The
+            # normaliser is their row sum: a product with [v, 1] instead has the odd width d + 1,
+            # which XLA's CPU matmuls run far slower.
+            weights = ops.matmul(phi_q, ops.transpose(phi_k, (0, 1, 3, 2))) * self.toeplitz.weight_matrix()[None]
+            return ops.matmul(weights, v) / ops.sum(weights, axis=-1, keepdims=True)  # (batch, heads, N, d)
+        batch, heads, tokens, m = ops.shape(phi_q)
+        d = ops.shape(v)[-1]
+        # u_j = phi(k_j) (x) [v_j, 1]: numerator and normaliser in one correlation.
+        v_ones = ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)  # (batch, heads, N, d+1)
+        u = phi_k[..., :, None] * v_ones[..., None, :]  # (batch, heads, N, m, d+1)
+        s = self.toeplitz(ops.reshape(u, (-1, heads, tokens, m * (d + 1))))
+        s = ops.reshape(s, (-1, heads, tokens, m, d + 1))
+        out = ops.matmul(phi_q[..., None, :], s)[..., 0, :]  # (batch, heads, N, d+1)
         return out[..., :d] / out[..., d:]
 
     def compute_output_shape(self, inputs_shape):
