@@ -11,6 +11,24 @@ def _swap_last_axes(x):
     return ops.swapaxes(x, -1, -2)
 
 
+def fast_fft_length(n):
+    """The smallest length >= n with no prime factor above 5.
+
+    Any length >= 2H - 1 keeps the circular correlation free of wrap-around,
+    and FFT libraries are much slower on lengths with a large prime factor:
+    a 64 x 64 grid needs 127, a prime, and gets 128.
+    """
+    n = max(int(n), 1)
+    while True:
+        m = n
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        if m == 1:
+            return n
+        n += 1
+
+
 def real_fft2(x):
     """2D DFT of real (..., P, Q) as (real, imag) of shape (..., Q//2 + 1, P).
 
@@ -44,8 +62,9 @@ class ToeplitzBias2D(keras.layers.Layer):
     vectors u (for kernelized attention, u_j = phi(k_j) (x) [v_j, 1], which
     gives numerator and normaliser in one pass). Over the patch grid this is a
     2D cross-correlation of u with exp(b), computed by a 2D real FFT on a
-    (2H-1) x (2W-1) grid (large enough that circular wrap-around never mixes
-    offsets) in O(N log N) per channel. `use_fft=False` computes the same sum
+    P x Q grid, P >= 2H-1 and Q >= 2W-1 (large enough that circular
+    wrap-around never mixes offsets; `fast_fft_length` rounds each up to a
+    length without large prime factors) in O(N log N) per channel. `use_fft=False` computes the same sum
     with the dense N x N matrix, the readable reference. `bias_matrix()` gives
     the additive (heads, N, N) logit bias that softmax attention uses, so
     softmax + this bias is exactly the limit that kernelized attention + this
@@ -112,9 +131,13 @@ class ToeplitzBias2D(keras.layers.Layer):
         channels = ops.shape(values)[-1]
         grid = ops.reshape(patches, (-1, self.num_heads, height, width, channels))
         grid = ops.transpose(grid, (0, 1, 4, 2, 3))  # (batch, heads, channels, H, W)
-        grid = ops.pad(grid, [[0, 0], [0, 0], [0, 0], [0, height - 1], [0, width - 1]])
-        # Kernel K[dr mod P, dc mod Q] = exp(b[dr, dc]): roll offset 0 to index 0.
-        kernel = ops.roll(ops.exp(ops.cast(self.bias, "float32")), (1 - height, 1 - width), axis=(1, 2))
+        rows, cols = fast_fft_length(2 * height - 1), fast_fft_length(2 * width - 1)
+        grid = ops.pad(grid, [[0, 0], [0, 0], [0, 0], [0, rows - height], [0, cols - width]])
+        # Kernel K[dr mod P, dc mod Q] = exp(b[dr, dc]): zeros between the largest positive and
+        # negative offsets, then offset 0 rolled to index 0.
+        kernel = ops.pad(ops.exp(ops.cast(self.bias, "float32")),
+                         [[0, 0], [0, rows - 2 * height + 1], [0, cols - 2 * width + 1]])
+        kernel = ops.roll(kernel, (1 - height, 1 - width), axis=(1, 2))
         kernel_real, kernel_imag = real_fft2(kernel)  # (heads, Q/2+1, P)
         kernel_real, kernel_imag = kernel_real[None, :, None], kernel_imag[None, :, None]
         grid_real, grid_imag = real_fft2(grid)  # (batch, heads, channels, Q/2+1, P)
@@ -122,7 +145,7 @@ class ToeplitzBias2D(keras.layers.Layer):
         correlated = inverse_real_fft2(
             kernel_real * grid_real + kernel_imag * grid_imag,
             kernel_real * grid_imag - kernel_imag * grid_real,
-            2 * width - 1,
+            cols,
         )
         correlated = correlated[..., :height, :width]  # (batch, heads, channels, H, W)
         correlated = ops.transpose(correlated, (0, 1, 3, 4, 2))

@@ -14,6 +14,7 @@ import scipy.linalg
 
 from performer_keras import KernelAttention, ToeplitzBias2D
 from performer_keras.grid import grid_positions
+from performer_keras.toeplitz_bias_2d import fast_fft_length
 
 from layer_test_case import run_layer_test, to_numpy
 
@@ -356,9 +357,19 @@ def test_fused_softmax_matches_explicit(position):
     np.testing.assert_allclose(to_numpy(fused(x)), to_numpy(explicit(x)), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("grid, num_prefix", [((7, 7), 1), ((3, 5), 2), ((4, 3), 0)])
+def test_fast_fft_length_is_the_smallest_5_smooth_length_at_least_n():
+    def smooth(n):
+        return all(p in (2, 3, 5) for p in range(2, n + 1) if n % p == 0 and all(p % q for q in range(2, p)))
+    for n in range(1, 300):
+        expected = next(m for m in range(n, 2 * n + 2) if smooth(m))
+        assert fast_fft_length(n) == expected, n
+    assert fast_fft_length(127) == 128 and fast_fft_length(13) == 15
+
+
+@pytest.mark.parametrize("grid, num_prefix", [((7, 7), 1), ((3, 5), 2), ((4, 3), 0), ((7, 11), 1)])
 def test_toeplitz_fft_matches_dense(grid, num_prefix):
-    # Non-square grids catch a swapped row/column; several prefixes the CLS handling.
+    # Non-square grids catch a swapped row/column; several prefixes the CLS handling. 7 and 11
+    # pad 13 and 21 up to 15 and 25, so the zeros between positive and negative offsets are checked.
     rng = np.random.default_rng(3)
     layer = ToeplitzBias2D(grid, num_heads=HEADS, num_prefix_tokens=num_prefix)
     tokens = num_prefix + grid[0] * grid[1]
