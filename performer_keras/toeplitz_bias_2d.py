@@ -29,24 +29,31 @@ def fast_fft_length(n):
         n += 1
 
 
-def real_fft2(x):
-    """2D DFT of real (..., P, Q) as (real, imag) of shape (..., Q//2 + 1, P).
+def real_fft2(x, shape):
+    """2D DFT of real (..., R, C), zero-padded to `shape` (P, Q), as (real, imag) of shape (..., Q//2 + 1, P).
 
     An rfft over columns then a complex fft over rows: half the work and memory
     of `fft2` on a zero imaginary part (the spectrum of a real signal is
-    Hermitian). keras.ops has no rfft2, hence the two 1D passes.
+    Hermitian). keras.ops has no rfft2, hence the two 1D passes. The column
+    pass runs on the R rows given only: padding rows stay zero through it.
     """
-    real, imag = ops.rfft(x)  # (..., P, Q//2 + 1)
+    rows, cols = shape
+    real, imag = ops.rfft(x, fft_length=cols)  # (..., R, Q//2 + 1)
+    pad = [[0, 0]] * (len(ops.shape(x)) - 2) + [[0, rows - ops.shape(x)[-2]], [0, 0]]
+    real, imag = ops.pad(real, pad), ops.pad(imag, pad)
     return ops.fft((_swap_last_axes(real), _swap_last_axes(imag)))
 
 
-def inverse_real_fft2(real, imag, fft_length):
-    """Inverse of `real_fft2`: (..., Q//2 + 1, P) spectrum -> real (..., P, Q)."""
-    rows = ops.shape(real)[-1]
+def inverse_real_fft2(real, imag, fft_length, rows=None):
+    """Inverse of `real_fft2`: (..., Q//2 + 1, P) spectrum -> real (..., rows, Q), the first `rows` (default P) rows.
+
+    The column pass, the costlier one, runs on the kept rows only.
+    """
+    length = ops.shape(real)[-1]
     # ifft(z) = conj(fft(conj(z))) / n: keras.ops has no 1D ifft.
     real, imag = ops.fft((real, -imag))
-    real, imag = real / rows, -imag / rows
-    return ops.irfft((_swap_last_axes(real), _swap_last_axes(imag)), fft_length=fft_length)
+    real, imag = _swap_last_axes(real)[..., :rows, :] / length, -_swap_last_axes(imag)[..., :rows, :] / length
+    return ops.irfft((real, imag), fft_length=fft_length)
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -132,22 +139,22 @@ class ToeplitzBias2D(keras.layers.Layer):
         grid = ops.reshape(patches, (-1, self.num_heads, height, width, channels))
         grid = ops.transpose(grid, (0, 1, 4, 2, 3))  # (batch, heads, channels, H, W)
         rows, cols = fast_fft_length(2 * height - 1), fast_fft_length(2 * width - 1)
-        grid = ops.pad(grid, [[0, 0], [0, 0], [0, 0], [0, rows - height], [0, cols - width]])
         # Kernel K[dr mod P, dc mod Q] = exp(b[dr, dc]): zeros between the largest positive and
         # negative offsets, then offset 0 rolled to index 0.
         kernel = ops.pad(ops.exp(ops.cast(self.bias, "float32")),
                          [[0, 0], [0, rows - 2 * height + 1], [0, cols - 2 * width + 1]])
         kernel = ops.roll(kernel, (1 - height, 1 - width), axis=(1, 2))
-        kernel_real, kernel_imag = real_fft2(kernel)  # (heads, Q/2+1, P)
+        kernel_real, kernel_imag = real_fft2(kernel, (rows, cols))  # (heads, Q/2+1, P)
         kernel_real, kernel_imag = kernel_real[None, :, None], kernel_imag[None, :, None]
-        grid_real, grid_imag = real_fft2(grid)  # (batch, heads, channels, Q/2+1, P)
+        grid_real, grid_imag = real_fft2(grid, (rows, cols))  # (batch, heads, channels, Q/2+1, P)
         # Cross-correlation S[n] = sum_m K[m - n] U[m]  <=>  S^ = conj(K^) U^.
         correlated = inverse_real_fft2(
             kernel_real * grid_real + kernel_imag * grid_imag,
             kernel_real * grid_imag - kernel_imag * grid_real,
             cols,
+            rows=height,
         )
-        correlated = correlated[..., :height, :width]  # (batch, heads, channels, H, W)
+        correlated = correlated[..., :width]  # (batch, heads, channels, H, W)
         correlated = ops.transpose(correlated, (0, 1, 3, 4, 2))
         correlated = ops.reshape(correlated, (-1, self.num_heads, height * width, channels))
         # Prefix keys weigh 1 for every query; prefix queries weigh every key by 1.

@@ -197,11 +197,19 @@ def _optional(function):
         return None
 
 
+# A child stops after a point that peaked above this, and the parent starts a fresh one for the
+# rest: the allocators keep what a large point used and the memory limit polls the resident set,
+# so a large point would otherwise fail the limit on memory an earlier one left behind.
+FRESH_CHILD_AFTER_BYTES = 2**30
+
+
 def run_tasks(task, emit):
     """Measure task["points"] ([patches, mode] pairs) in order; stop at the first failure.
 
     Each point sends a "start" event, then a "result" event (with status "ok"
-    or the failure). The backend state is cleared between points.
+    or the failure). The backend state is cleared between points; after a
+    point whose peak passed `FRESH_CHILD_AFTER_BYTES` the child stops, and
+    the parent measures the remaining points in a new one.
     """
     for patches, mode in task["points"]:
         emit({"event": "start", "patches": patches, "mode": mode})
@@ -214,7 +222,7 @@ def run_tasks(task, emit):
         emit({"event": "result", "patches": patches, "mode": mode, **result})
         keras.backend.clear_session()
         gc.collect()
-        if result["status"] != "ok":
+        if result["status"] != "ok" or (result.get("peak_bytes") or 0) > FRESH_CHILD_AFTER_BYTES:
             return
 
 

@@ -161,6 +161,21 @@ def test_a_failed_point_is_recorded_and_larger_points_skipped(limits, status):
     assert first["train"]["status"] == second["forward"]["status"] == second["train"]["status"] == "skipped"
 
 
+def test_a_child_stops_after_a_large_point_and_the_rest_still_run(monkeypatch):
+    peaks = {(64, "forward"): 10, (64, "train"): scaling.FRESH_CHILD_AFTER_BYTES + 1, (128, "forward"): 10,
+             (128, "train"): 10}
+    monkeypatch.setattr(scaling, "measure_point", lambda scope, kernel, position, patches, mode, *rest: dict(
+        status="ok", ms=1.0, peak_bytes=peaks[(patches, mode)]))
+    events = []
+    task = dict(scope="layer", kernel="relu", position="absolute", config={}, steps=1, max_seconds=1.0,
+                points=[[64, "forward"], [64, "train"], [128, "forward"], [128, "train"]])
+    scaling.run_tasks(task, events.append)
+    assert [(e["patches"], e["mode"]) for e in events if e["event"] == "result"] == [(64, "forward"), (64, "train")]
+    # run_series starts again with what is left, so every point is measured once.
+    record = scaling.run_series("layer", "relu", "absolute", patches=(64, 128), isolate=False)
+    assert [p[m]["peak_bytes"] for p in record["points"] for m in ("forward", "train")] == list(peaks.values())
+
+
 def test_a_point_in_a_child_process():
     record = scaling.run_series("layer", "relu", "rope", patches=(64,), modes=("forward",), steps=1)
     (point,) = record["points"]
