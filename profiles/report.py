@@ -39,10 +39,12 @@ def load_results(result_dir):
 
 
 def append_run(result_dir, entry):
-    """Add (or, for the same `started`, update) one command in `result_dir`/run.json."""
+    """Add one command to `result_dir`/run.json, replacing the entry of the same run (same `started`)
+    and any earlier run of the same command, whose files this one has overwritten."""
     path = Path(result_dir) / "run.json"
     manifest = json.loads(path.read_text()) if path.exists() else {"runs": []}
-    manifest["runs"] = [run for run in manifest["runs"] if run.get("started") != entry.get("started")] + [entry]
+    manifest["runs"] = [run for run in manifest["runs"] if run.get("started") != entry.get("started")
+                        and run.get("command") != entry.get("command")] + [entry]
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_json(path, manifest, sort_keys=False)
 

@@ -339,3 +339,13 @@ def test_precision_check_trains_each_variant_in_both_precisions(tmp_path):
     favor = rows["favor-kerple"]
     assert favor["float32"]["loss"] != favor["mixed_bfloat16"]["loss"]
     assert favor["mixed_bfloat16"]["loss"][0] == pytest.approx(favor["float32"]["loss"][0], rel=0.05)
+
+
+def test_run_manifest_keeps_one_entry_per_command(tmp_path):
+    entry = lambda command, started: dict(command=command, started=started, settings={})
+    report.append_run(tmp_path, entry("python -m profiles a", "1"))
+    report.append_run(tmp_path, entry("python -m profiles b", "2"))
+    report.append_run(tmp_path, entry("python -m profiles a", "3"))  # a re-run overwrote a's files
+    report.append_run(tmp_path, dict(entry("python -m profiles a", "3"), finished="4"))  # the same run, finished
+    runs = read(tmp_path / "run.json")["runs"]
+    assert [(r["command"][-1], r["started"], r.get("finished")) for r in runs] == [("b", "2", None), ("a", "3", "4")]
