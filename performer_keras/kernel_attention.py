@@ -285,9 +285,10 @@ class KernelAttention(keras.layers.Layer):
             norm = self.qk_norm * self.head_dim**0.5
             if self.learn_qk_norm:
                 norm = norm * ops.reshape(ops.exp(ops.cast(self.qk_log_scale, q.dtype)), (1, -1, 1, 1))
-            # The norm scales the (.., N, 1) inverse lengths, not the (.., N, d) vectors: one full-size
-            # multiply fewer per tensor, and the scale's gradient reduces over d times fewer entries.
-            q, k = (x * (ops.rsqrt(ops.maximum(ops.sum(ops.square(x), axis=-1, keepdims=True), 1e-12)) * norm)
+            # ops.normalize, with the norm scaling the (.., N, 1) inverse lengths, not the (.., N, d)
+            # vectors: one full-size multiply fewer per tensor, and the scale's gradient reduces over d
+            # times fewer entries.
+            q, k = (x * (ops.rsqrt(ops.maximum(ops.sum(ops.square(x), axis=-1, keepdims=True), keras.config.epsilon() ** 2)) * norm)
                     for x in (q, k))
         if self.rotates and self.order == "before":
             q, k = self.rotate(q, positions), self.rotate(k, positions)

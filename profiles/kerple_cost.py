@@ -70,11 +70,11 @@ def pair(kernel, size, batch_size, dataset, rounds=ROUNDS, steps=STEPS, num_feat
                 start = time.perf_counter()
                 model.train_on_batch(images, labels)  # returns numpy: waits for the step
                 samples[name].append(1000.0 * (time.perf_counter() - start))
-    attention = {name: next(layer for layer in model.layers if isinstance(layer, KernelAttention))
-                 for name, model in models.items()}
-    result = {name: {"ms": statistics.median(values), "ms_all": values, "normalizes_qk": attention[name].normalizes}
+    attentions = {name: next(layer for layer in model.layers if isinstance(layer, KernelAttention))
+                  for name, model in models.items()}
+    result = {name: {"ms": statistics.median(values), "ms_all": values, "normalizes_qk": attentions[name].normalizes}
               for name, values in samples.items()}
-    attention = attention["kerple"]
+    attention = attentions["kerple"]
     keras.backend.clear_session()
     return dict(result, kernel=kernel, size=size, batch_size=batch_size, dataset=dataset,
                 tokens=1 + attention.grid_size[0] * attention.grid_size[1], num_features=num_features,
