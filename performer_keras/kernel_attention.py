@@ -31,6 +31,18 @@ TOEPLITZ_PATHS = ("auto", "dense", "fft")
 # profiles/results/cpu-epyc-2core/tensorflow/kerple_paths.json (the FFT path first won
 # at 4,097 tokens, where the dense weights also take GBs; README, "KERPLE's two paths").
 DENSE_TOEPLITZ_MAX_TOKENS = 2305
+# The FFT path correlates m (d + 1) channels per head over a padded grid of about 4N
+# points, several such tensors at once forward and more kept for the backward pass
+# (16,385 tokens at m = 64, d = 32: 1.1 GB each per example). Above this many float32
+# elements per example it correlates the features in chunks, each recomputed in the
+# backward pass (`keras.remat`), so training holds one chunk's spectra at a time.
+FFT_CHUNK_ELEMENTS = 2**27
+
+
+def feature_chunks(num_features, elements_per_feature, budget):
+    """[(start, stop), ...]: `num_features` split into the fewest chunks of at most `budget` elements (one feature at least), sizes differing by at most 1."""
+    count = min(num_features, max(1, -(-num_features * elements_per_feature // budget)))
+    return [(num_features * i // count, num_features * (i + 1) // count) for i in range(count)]
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -106,6 +118,9 @@ class KernelAttention(keras.layers.Layer):
         toeplitz_path: kerple with a linear kernel: "dense", "fft", or
             "auto" (default): dense up to `DENSE_TOEPLITZ_MAX_TOKENS` tokens,
             FFT above. `toeplitz_path_used` says which one the layer runs.
+            Above `FFT_CHUNK_ELEMENTS` per example the FFT path takes the
+            features in chunks recomputed in the backward pass: less
+            training memory for one more forward pass of the correlation.
         seed: seed of the random features.
 
     Call arguments:
@@ -345,15 +360,24 @@ class KernelAttention(keras.layers.Layer):
             # which XLA's CPU matmuls run far slower.
             weights = ops.matmul(phi_q, ops.transpose(phi_k, (0, 1, 3, 2))) * self.toeplitz.weight_matrix()[None]
             return ops.matmul(weights, v) / ops.sum(weights, axis=-1, keepdims=True)  # (batch, heads, N, d)
-        batch, heads, tokens, m = ops.shape(phi_q)
-        d = ops.shape(v)[-1]
-        # u_j = phi(k_j) (x) [v_j, 1]: numerator and normaliser in one correlation.
+        m, d = ops.shape(phi_q)[-1], ops.shape(v)[-1]
         v_ones = ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)  # (batch, heads, N, d+1)
-        u = phi_k[..., :, None] * v_ones[..., None, :]  # (batch, heads, N, m, d+1)
-        s = self.toeplitz(ops.reshape(u, (-1, heads, tokens, m * (d + 1))))
-        s = ops.reshape(s, (-1, heads, tokens, m, d + 1))
-        out = ops.matmul(phi_q[..., None, :], s)[..., 0, :]  # (batch, heads, N, d+1)
+        rows, cols = self.toeplitz.fft_shape
+        chunks = feature_chunks(m, self.num_heads * (d + 1) * rows * cols, FFT_CHUNK_ELEMENTS)
+        correlate = self._correlate_features if len(chunks) == 1 else keras.remat(self._correlate_features)
+        spectrum = self.toeplitz.kernel_spectrum()
+        out = sum(correlate(phi_q[..., a:b], phi_k[..., a:b], v_ones, *spectrum) for a, b in chunks)
         return out[..., :d] / out[..., d:]
+
+    def _correlate_features(self, phi_q, phi_k, v_ones, spectrum_real, spectrum_imag):
+        """sum_j exp(b[p_j - p_i]) phi(q_i)^T phi(k_j) [v_j, 1] over these features: (batch, heads, N, d+1)."""
+        heads, tokens, m = ops.shape(phi_q)[1:]
+        width = ops.shape(v_ones)[-1]
+        # u_j = phi(k_j) (x) [v_j, 1]: numerator and normaliser in one correlation.
+        u = phi_k[..., :, None] * v_ones[..., None, :]  # (batch, heads, N, m, d+1)
+        s = self.toeplitz.correlate(ops.reshape(u, (-1, heads, tokens, m * width)), (spectrum_real, spectrum_imag))
+        s = ops.reshape(s, (-1, heads, tokens, m, width))
+        return ops.matmul(phi_q[..., None, :], s)[..., 0, :]
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape

@@ -129,23 +129,39 @@ class ToeplitzBias2D(keras.layers.Layer):
         values = ops.cast(values, "float32")
         if not use_fft:
             return ops.matmul(self.weight_matrix(), values)
-        return self._fft_correlate(values)
+        return self.correlate(values, self.kernel_spectrum())
 
-    def _fft_correlate(self, values):
+    @property
+    def fft_shape(self):
+        """(P, Q): the padded grid of the FFT path."""
+        height, width = self.grid_size
+        return fast_fft_length(2 * height - 1), fast_fft_length(2 * width - 1)
+
+    def kernel_spectrum(self):
+        """(real, imag), each (heads, Q//2 + 1, P): the 2D DFT of exp(b) on the padded grid.
+
+        Computed once per call of the layer and shared by every `correlate`
+        of it (a linear kernel correlates its features in chunks).
+        """
+        height, width = self.grid_size
+        rows, cols = self.fft_shape
+        # Kernel K[dr mod P, dc mod Q] = exp(b[dr, dc]): zeros between the largest positive and
+        # negative offsets, then offset 0 rolled to index 0.
+        kernel = ops.pad(ops.exp(ops.cast(self.bias, "float32")),
+                         [[0, 0], [0, rows - 2 * height + 1], [0, cols - 2 * width + 1]])
+        kernel = ops.roll(kernel, (1 - height, 1 - width), axis=(1, 2))
+        return real_fft2(kernel, (rows, cols))
+
+    def correlate(self, values, spectrum):
+        """S_i = sum_j exp(b[p_j - p_i]) u_j by FFT, for float32 `values` (batch, heads, N, channels) and `kernel_spectrum()`."""
         height, width = self.grid_size
         p = self.num_prefix_tokens
         prefix, patches = values[:, :, :p], values[:, :, p:]
         channels = ops.shape(values)[-1]
         grid = ops.reshape(patches, (-1, self.num_heads, height, width, channels))
         grid = ops.transpose(grid, (0, 1, 4, 2, 3))  # (batch, heads, channels, H, W)
-        rows, cols = fast_fft_length(2 * height - 1), fast_fft_length(2 * width - 1)
-        # Kernel K[dr mod P, dc mod Q] = exp(b[dr, dc]): zeros between the largest positive and
-        # negative offsets, then offset 0 rolled to index 0.
-        kernel = ops.pad(ops.exp(ops.cast(self.bias, "float32")),
-                         [[0, 0], [0, rows - 2 * height + 1], [0, cols - 2 * width + 1]])
-        kernel = ops.roll(kernel, (1 - height, 1 - width), axis=(1, 2))
-        kernel_real, kernel_imag = real_fft2(kernel, (rows, cols))  # (heads, Q/2+1, P)
-        kernel_real, kernel_imag = kernel_real[None, :, None], kernel_imag[None, :, None]
+        rows, cols = self.fft_shape
+        kernel_real, kernel_imag = (part[None, :, None] for part in spectrum)
         grid_real, grid_imag = real_fft2(grid, (rows, cols))  # (batch, heads, channels, Q/2+1, P)
         # Cross-correlation S[n] = sum_m K[m - n] U[m]  <=>  S^ = conj(K^) U^.
         correlated = inverse_real_fft2(

@@ -8,11 +8,12 @@ attention weights and never uses FFTs or the layer's code paths. Everything is
 float64, so a 1e-4 agreement is the float32 error of the layer alone.
 """
 
+import keras
 import numpy as np
 import pytest
 import scipy.linalg
 
-from performer_keras import KernelAttention, ToeplitzBias2D
+from performer_keras import KernelAttention, ToeplitzBias2D, kernel_attention
 from performer_keras.grid import grid_positions
 from performer_keras.toeplitz_bias_2d import fast_fft_length
 
@@ -420,8 +421,12 @@ ODD_GRID = (5, 7)  # odd, not square: the FFT's padded grid and the offsets' sig
 
 
 @pytest.mark.parametrize("kernel", ["favor", "relu", "exp"])
-@pytest.mark.parametrize("path", ["dense", "fft"])
-def test_both_kerple_paths_match_brute_force_on_an_odd_grid(kernel, path):
+@pytest.mark.parametrize("path", ["dense", "fft", "fft-chunked"])
+def test_both_kerple_paths_match_brute_force_on_an_odd_grid(kernel, path, monkeypatch):
+    if path == "fft-chunked":
+        # One feature per chunk: every chunk goes through keras.remat.
+        monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 1)
+        path = "fft"
     tokens = 1 + ODD_GRID[0] * ODD_GRID[1]
     layer = KernelAttention(num_heads=HEADS, kernel_name=kernel, position="kerple", grid_size=ODD_GRID,
                             num_features=NUM_FEATURES, seed=0, toeplitz_path=path)
@@ -451,6 +456,49 @@ def test_both_kerple_paths_match_brute_force_on_an_odd_grid(kernel, path):
     out = (weights @ v) / weights.sum(axis=-1, keepdims=True)  # (batch, heads, N, d)
     expected = dense(layer.output_dense, out.transpose(0, 2, 1, 3).reshape(BATCH, tokens, WIDTH))
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("num_features, per_feature, budget", [
+    (64, 10, 100), (64, 10, 640), (64, 10, 639), (64, 10, 10**9), (5, 100, 1), (7, 3, 10), (1, 50, 49)])
+def test_feature_chunks_are_the_fewest_within_the_budget_and_cover_every_feature_once(num_features, per_feature, budget):
+    chunks = kernel_attention.feature_chunks(num_features, per_feature, budget)
+    assert [a for a, _ in chunks] == [0] + [b for _, b in chunks[:-1]] and chunks[-1][1] == num_features
+    sizes = [b - a for a, b in chunks]
+    assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+    assert all(size * per_feature <= budget for size in sizes) or sizes == [1] * num_features
+    fewest = next(n for n in range(1, num_features + 1) if -(-num_features // n) * per_feature <= budget or n == num_features)
+    assert len(chunks) == fewest
+
+
+def test_the_chunked_fft_path_trains_like_the_dense_path(monkeypatch):
+    """Gradients through keras.remat's recomputation equal the dense path's: one SGD step (lr 1) changes every weight alike."""
+    remat_calls = []
+    remat = keras.remat
+    monkeypatch.setattr(keras, "remat", lambda f: remat_calls.append(f) or remat(f))
+    monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 1)
+    tokens = 1 + ODD_GRID[0] * ODD_GRID[1]
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(BATCH, tokens, WIDTH)).astype("float32")
+    y = rng.normal(size=(BATCH, tokens, WIDTH)).astype("float32")
+    models, before = [], None
+    for path in ("dense", "fft"):
+        inputs = keras.Input((tokens, WIDTH))
+        layer = KernelAttention(num_heads=HEADS, kernel_name="favor", position="kerple", grid_size=ODD_GRID,
+                                num_features=NUM_FEATURES, seed=0, toeplitz_path=path)
+        model = keras.Model(inputs, layer(inputs))
+        if before is None:
+            layer.toeplitz.bias.assign(rng.normal(size=layer.toeplitz.bias.shape).astype("float32") * 0.5)
+            before = [to_numpy(w) for w in model.weights]
+        else:
+            model.set_weights(before)
+        model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")
+        model.train_on_batch(x, y)
+        assert layer.toeplitz_path_used == path
+        models.append(model)
+    assert remat_calls, "the FFT path did not chunk"
+    for dense_weight, fft_weight, start in zip(models[0].weights, models[1].weights, before):
+        np.testing.assert_allclose(to_numpy(fft_weight) - start, to_numpy(dense_weight) - start, rtol=1e-4, atol=1e-6)
+    assert any(np.abs(to_numpy(w) - start).max() > 1e-3 for w, start in zip(models[1].weights, before))
 
 
 def test_auto_takes_the_dense_path_up_to_the_measured_crossover_and_fft_above():
