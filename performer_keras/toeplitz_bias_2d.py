@@ -1,6 +1,7 @@
 """2D Toeplitz relative position bias, applied densely or by FFT."""
 
-import numpy as np
+import functools
+
 import keras
 from keras import ops
 
@@ -101,15 +102,23 @@ class ToeplitzBias2D(keras.layers.Layer):
         self.bias = self.add_weight(
             name="bias", shape=(self.num_heads, 2 * height - 1, 2 * width - 1), initializer="zeros"
         )
-        # Flat index of offset p_j - p_i into the table, for the dense matrix.
+
+    @functools.cached_property
+    def offset_index(self):
+        """(P, P) int32: the flat index of offset p_j - p_i into the table, for the dense matrix.
+
+        Made on first use only: at 16,384 patches it takes 1 GiB (3 GiB while
+        it is built), which the FFT path never needs.
+        """
+        height, width = self.grid_size
         positions = grid_positions(self.grid_size).astype("int32")  # int32: N^2 entries at large N
         offsets = positions[None, :, :] - positions[:, None, :]  # (P, P, 2): p_j - p_i
-        self.offset_index = (offsets[..., 0] + height - 1) * (2 * width - 1) + offsets[..., 1] + width - 1
+        return (offsets[..., 0] + height - 1) * (2 * width - 1) + offsets[..., 1] + width - 1
 
     def _spread(self, table, prefix_value):
         """(heads, N, N): `table` (heads, 2H-1, 2W-1) at offset p_j - p_i, `prefix_value` on prefix rows and columns."""
         table = ops.reshape(table, (self.num_heads, -1))
-        patch_values = ops.take(table, np.asarray(self.offset_index), axis=1)  # (heads, P, P)
+        patch_values = ops.take(table, self.offset_index, axis=1)  # (heads, P, P)
         p = self.num_prefix_tokens
         return ops.pad(patch_values, [[0, 0], [p, 0], [p, 0]], constant_values=prefix_value)
 
