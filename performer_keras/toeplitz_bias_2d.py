@@ -1,11 +1,9 @@
 """2D Toeplitz relative position bias, applied densely or by FFT."""
 
-import functools
-
+import numpy as np
 import keras
 from keras import ops
 
-from performer_keras.grid import grid_positions
 
 
 def _swap_last_axes(x):
@@ -103,22 +101,19 @@ class ToeplitzBias2D(keras.layers.Layer):
             name="bias", shape=(self.num_heads, 2 * height - 1, 2 * width - 1), initializer="zeros"
         )
 
-    @functools.cached_property
-    def offset_index(self):
-        """(P, P) int32: the flat index of offset p_j - p_i into the table, for the dense matrix.
+    def _spread(self, table, prefix_value):
+        """(heads, N, N): `table` (heads, 2H-1, 2W-1) at offset p_j - p_i, `prefix_value` on prefix rows and columns.
 
-        Made on first use only: at 16,384 patches it takes 1 GiB (3 GiB while
-        it is built), which the FFT path never needs.
+        Two gathers with (H, H) and (W, W) offset indices, then a transpose:
+        one gather with an (HW, HW) index would hold N^2 integers beside the
+        result (1 GiB at 16,384 patches).
         """
         height, width = self.grid_size
-        positions = grid_positions(self.grid_size).astype("int32")  # int32: N^2 entries at large N
-        offsets = positions[None, :, :] - positions[:, None, :]  # (P, P, 2): p_j - p_i
-        return (offsets[..., 0] + height - 1) * (2 * width - 1) + offsets[..., 1] + width - 1
-
-    def _spread(self, table, prefix_value):
-        """(heads, N, N): `table` (heads, 2H-1, 2W-1) at offset p_j - p_i, `prefix_value` on prefix rows and columns."""
-        table = ops.reshape(table, (self.num_heads, -1))
-        patch_values = ops.take(table, self.offset_index, axis=1)  # (heads, P, P)
+        rows, cols = np.arange(height), np.arange(width)
+        values = ops.take(table, rows[None, :] - rows[:, None] + height - 1, axis=1)  # (heads, r_i, r_j, 2W-1)
+        values = ops.take(values, cols[None, :] - cols[:, None] + width - 1, axis=3)  # (heads, r_i, r_j, c_i, c_j)
+        values = ops.transpose(values, (0, 1, 3, 2, 4))  # (heads, r_i, c_i, r_j, c_j): row-major patches
+        patch_values = ops.reshape(values, (self.num_heads, height * width, height * width))
         p = self.num_prefix_tokens
         return ops.pad(patch_values, [[0, 0], [p, 0], [p, 0]], constant_values=prefix_value)
 
