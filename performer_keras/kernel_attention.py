@@ -26,11 +26,12 @@ def merge_heads(x):
 
 TOEPLITZ_PATHS = ("auto", "dense", "fft")
 # Up to this many tokens, kernelized kerple builds the N x N weights (dense path);
-# above, it correlates by FFT. Measured on a 2-core CPU: the largest N at which the
-# dense path still trained faster, `dense_max_tokens` of
-# profiles/results/cpu-epyc-2core/tensorflow/kerple_paths.json (the FFT path first won
-# at 4,097 tokens, where the dense weights also take GBs; README, "KERPLE's two paths").
-DENSE_TOEPLITZ_MAX_TOKENS = 2305
+# above, it correlates by FFT. Measured on a 2-core CPU, `dense_max_tokens` of
+# profiles/results/cpu-epyc-2core/tensorflow/kerple_paths.json: the dense path trained
+# faster at every N measured, up to 4,097 tokens (1.8 times faster there at the `cpu`
+# profile's shape). Above, the FFT path is taken for its memory, linear in N, where
+# the dense weights grow as N^2 (268 MiB per head and example at 8,193 tokens).
+DENSE_TOEPLITZ_MAX_TOKENS = 4097
 # The FFT path correlates m (d + 1) channels per head over a padded grid of about 4N
 # points, several such tensors at once forward and more kept for the backward pass
 # (16,385 tokens at m = 64, d = 32: 1.1 GB each per example). Above this many float32

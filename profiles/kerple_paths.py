@@ -12,7 +12,8 @@ both see the same machine; a shape stops once the FFT path has won at two
 grids in a row. The crossover is the smallest N from which the FFT path
 trains faster; `KernelAttention`'s default `DENSE_TOEPLITZ_MAX_TOKENS` is
 `dense_max_tokens` of the committed file: the largest measured N below that
-crossover, where the dense path still won (README, "KERPLE's two paths").
+crossover, where the dense path still won, or, where no shape reached a
+crossover, the largest N measured (README, "KERPLE's two paths").
 """
 
 import datetime
@@ -30,8 +31,9 @@ from profiles import bench
 from profiles.__main__ import DEFAULT_OUT
 from profiles.scaling import SCALING_CONFIG, build_subject, compiled_passes, grid_for, subject_inputs, time_calls
 
-# Beyond 4,096 patches the dense path's N x N weights (several GB at batch 4) are the
-# risk, not the time: the FFT path already wins there on this CPU.
+# Beyond 4,096 patches the dense path's N x N weights are the risk (at 8,192 patches, batch 4
+# and 4 heads, 4 GiB a tensor), whatever the time: there `"auto"` takes the FFT path for its
+# memory linear in N.
 PATCHES = (16, 64, 256, 576, 1024, 2304, 4096)
 PATHS = ("dense", "fft")
 MODES = ("forward", "train")
@@ -88,6 +90,19 @@ def crossover(rows):
     return None
 
 
+def default_dense_max(shapes):
+    """KernelAttention's DENSE_TOEPLITZ_MAX_TOKENS from {shape: {"crossover_tokens", "dense_max_tokens"}}.
+
+    The dense path up to the last N where it measured faster before a
+    crossover, in the shape that crosses first; with no crossover in any
+    shape, up to the largest N where it measured faster (above it the FFT
+    path is taken for its memory linear in N).
+    """
+    crossing = [s["dense_max_tokens"] for s in shapes.values() if s["crossover_tokens"] and s["dense_max_tokens"]]
+    measured = [s["dense_max_tokens"] for s in shapes.values() if s["dense_max_tokens"]]
+    return min(crossing) if crossing else max(measured, default=None)
+
+
 def main(argv=None):
     args = parser("python -m profiles.kerple_paths", __doc__, "out").parse_args(argv)
     result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
@@ -104,9 +119,7 @@ def main(argv=None):
         "rounds": ROUNDS,
         "shapes": shapes,
         "crossover_tokens": min(crossovers) if crossovers else None,
-        # KernelAttention's DENSE_TOEPLITZ_MAX_TOKENS: the dense path up to the last N where it measured faster.
-        "dense_max_tokens": min(s["dense_max_tokens"] for s in shapes.values() if s["crossover_tokens"])
-        if crossovers else None,
+        "dense_max_tokens": default_dense_max(shapes),
     }
     atomic.write_json(result_dir / "kerple_paths.json", record, indent=1, sort_keys=False)
     print(json.dumps({"crossover_tokens": record["crossover_tokens"], "file": str(result_dir / "kerple_paths.json")}))

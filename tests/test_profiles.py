@@ -246,6 +246,28 @@ def test_crossover_below_range_none_and_softmax_failing():
     assert "softmax fails at 1,025" in report.describe_crossover(result, "favor", "softmax")
 
 
+def test_kerple_paths_rules_on_alternating_timings():
+    from profiles import kerple_paths
+
+    def rows(fft_over_dense):
+        return [{"tokens": n, "dense_train_ms": 1.0, "fft_train_ms": r} for n, r in fft_over_dense]
+
+    # The FFT path wins at 257, loses at 513, then wins for good from 1,025.
+    mixed = rows([(65, 9.0), (257, 0.9), (513, 1.1), (1025, 0.8), (2049, 0.5)])
+    assert kerple_paths.crossover(mixed) == 1025 and kerple_paths.dense_max(mixed) == 513
+    dense_everywhere = rows([(65, 9.0), (1025, 3.0), (4097, 1.8)])
+    assert kerple_paths.crossover(dense_everywhere) is None and kerple_paths.dense_max(dense_everywhere) == 4097
+
+    def shape(points):
+        return {"crossover_tokens": kerple_paths.crossover(points), "dense_max_tokens": kerple_paths.dense_max(points)}
+
+    # The shape that crosses decides; with no crossover anywhere, the largest N where the dense path won.
+    assert kerple_paths.default_dense_max({"a": shape(mixed), "b": shape(dense_everywhere)}) == 513
+    short = rows([(65, 30.0), (1025, 17.0)])
+    assert kerple_paths.default_dense_max({"a": shape(dense_everywhere), "b": shape(short)}) == 4097
+    assert kerple_paths.default_dense_max({"a": shape(rows([(65, 0.5)]))}) is None
+
+
 # === Small helpers ===
 
 
