@@ -35,9 +35,11 @@ DENSE_TOEPLITZ_MAX_TOKENS = 4097
 # The FFT path correlates m (d + 1) channels per head over a padded grid of about 4N
 # points, several such tensors at once forward and more kept for the backward pass
 # (16,385 tokens at m = 64, d = 32: 1.1 GB each per example). Above this many float32
-# elements per example it correlates the features in chunks, each recomputed in the
-# backward pass (`keras.remat`), so training holds one chunk's spectra at a time.
-FFT_CHUNK_ELEMENTS = 2**27
+# elements per example (128 MiB) it correlates the features in chunks, each recomputed in
+# the backward pass (`keras.remat`), so training holds a few chunks' spectra at a time:
+# TensorFlow may run independent chunks at once. That training step at 16,385 tokens peaked
+# at 2.0-2.2 GiB with this budget and at 4.8-8.1 GiB with 2**27, no slower (one process each).
+FFT_CHUNK_ELEMENTS = 2**25
 
 
 def feature_chunks(num_features, elements_per_feature, budget):
