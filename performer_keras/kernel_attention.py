@@ -36,9 +36,9 @@ DENSE_TOEPLITZ_MAX_TOKENS = 4097
 # points, several such tensors at once forward and more kept for the backward pass
 # (16,385 tokens at m = 64, d = 32: 1.1 GB each per example). Above this many float32
 # elements per example (128 MiB) it correlates the features in chunks, each recomputed in
-# the backward pass (`keras.remat`), so training holds a few chunks' spectra at a time:
-# TensorFlow may run independent chunks at once. That training step at 16,385 tokens peaked
-# at 2.0-2.2 GiB with this budget and at 4.8-8.1 GiB with 2**27, no slower (one process each).
+# the backward pass (`keras.remat`), so training holds a few chunks' spectra at a time.
+# Small chunks, because TensorFlow may run independent chunks at once: with 2**27 (three
+# chunks at 16,385 tokens) that training step still reached the 8 GiB limit in a sweep.
 FFT_CHUNK_ELEMENTS = 2**25
 
 
