@@ -44,7 +44,8 @@ FFT_CHUNK_ELEMENTS = 2**25
 
 def feature_chunks(num_features, elements_per_feature, budget):
     """[(start, stop), ...]: `num_features` split into the fewest chunks of at most `budget` elements (one feature at least), sizes differing by at most 1."""
-    count = min(num_features, max(1, -(-num_features * elements_per_feature // budget)))
+    size = max(1, budget // elements_per_feature)
+    count = -(-num_features // size)
     return [(num_features * i // count, num_features * (i + 1) // count) for i in range(count)]
 
 

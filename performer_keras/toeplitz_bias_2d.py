@@ -5,7 +5,6 @@ import keras
 from keras import ops
 
 
-
 def _swap_last_axes(x):
     return ops.swapaxes(x, -1, -2)
 

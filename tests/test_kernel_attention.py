@@ -458,16 +458,20 @@ def test_both_kerple_paths_match_brute_force_on_an_odd_grid(kernel, path, monkey
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("num_features, per_feature, budget", [
-    (64, 10, 100), (64, 10, 640), (64, 10, 639), (64, 10, 10**9), (5, 100, 1), (7, 3, 10), (1, 50, 49)])
-def test_feature_chunks_are_the_fewest_within_the_budget_and_cover_every_feature_once(num_features, per_feature, budget):
-    chunks = kernel_attention.feature_chunks(num_features, per_feature, budget)
-    assert [a for a, _ in chunks] == [0] + [b for _, b in chunks[:-1]] and chunks[-1][1] == num_features
-    sizes = [b - a for a, b in chunks]
-    assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
-    assert all(size * per_feature <= budget for size in sizes) or sizes == [1] * num_features
-    fewest = next(n for n in range(1, num_features + 1) if -(-num_features // n) * per_feature <= budget or n == num_features)
-    assert len(chunks) == fewest
+def test_feature_chunks_are_the_fewest_within_the_budget_and_cover_every_feature_once():
+    for num_features in range(1, 13):
+        for per_feature in range(1, 6):
+            for budget in range(1, 70):
+                chunks = kernel_attention.feature_chunks(num_features, per_feature, budget)
+                assert [a for a, _ in chunks] == [0] + [b for _, b in chunks[:-1]] and chunks[-1][1] == num_features
+                sizes = [b - a for a, b in chunks]
+                assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+                # Within the budget, unless one feature alone passes it.
+                assert max(sizes) * per_feature <= budget or max(sizes) == 1
+                # No fewer chunks could do: n chunks hold ceil(num_features / n) features in the largest.
+                fewest = next(n for n in range(1, num_features + 1)
+                              if -(-num_features // n) * per_feature <= budget or n == num_features)
+                assert len(chunks) == fewest, (num_features, per_feature, budget)
 
 
 def test_the_chunked_fft_path_trains_like_the_dense_path(monkeypatch):
