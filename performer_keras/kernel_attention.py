@@ -28,7 +28,7 @@ TOEPLITZ_PATHS = ("auto", "dense", "fft")
 # Up to this many tokens, kernelized kerple builds the N x N weights (dense path);
 # above, it correlates by FFT. Measured on a 2-core CPU, `dense_max_tokens` of
 # profiles/results/cpu-epyc-2core/tensorflow/kerple_paths.json: the dense path trained
-# faster at every N measured, up to 4,097 tokens (1.8 times faster there at the `cpu`
+# faster at every N measured, up to 4,097 tokens (1.7 times faster there at the `cpu`
 # profile's shape). Above, the FFT path is taken for its memory, linear in N, where
 # the dense weights grow as N^2 (268 MiB per head and example at 8,193 tokens).
 DENSE_TOEPLITZ_MAX_TOKENS = 4097
