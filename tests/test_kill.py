@@ -116,8 +116,11 @@ def test_ctrl_c_exits_130_in_one_line_and_the_same_command_resumes(tmp_path, uni
     out = tmp_path / "run"
     env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
     env.update(PYTHONPATH=str(REPO), **{atomic.PAUSE_VARIABLE: "history.csv:2"})
+    # A shell without job control starts a background job (`nohup .ci/run &`) with SIGINT
+    # ignored, and the child would inherit that: give it a terminal's default, as Ctrl-C meets.
     process = subprocess.Popen([sys.executable, str(REPO / "train.py"), *ARGS, "--out", str(out)], env=env,
-                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while time.time() < deadline and process.poll() is None and not any(out.rglob("*.paused")):
         time.sleep(0.05)
