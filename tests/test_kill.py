@@ -122,11 +122,16 @@ def test_ctrl_c_exits_130_in_one_line_and_the_same_command_resumes(tmp_path, uni
                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
-    while time.time() < deadline and process.poll() is None and not any(out.rglob("*.paused")):
-        time.sleep(0.05)
-    assert process.poll() is None, "the run ended before its second epoch was written"
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
+    try:
+        while time.time() < deadline and process.poll() is None and not any(out.rglob("*.paused")):
+            time.sleep(0.05)
+        assert process.poll() is None, "the run ended before its second epoch was written"
+        assert any(out.rglob("*.paused")), "the run did not reach its second epoch's write in 240 s"
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()  # nothing once it has exited; a child that ignored Ctrl-C must not outlive the test
+        process.wait()
     assert process.returncode == 130, stderr
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert lines == ["train.py: interrupted; run the same command again to resume"], stderr
