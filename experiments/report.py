@@ -579,6 +579,10 @@ def write_report(aggregated, root, results_dir=None):
         drawn, note = plot_saliency([c for c in in_dataset if _is_main(c)], dataset, root, root / f"saliency_{dataset}.png")
         figures[f"saliency_{dataset}"] = (drawn, f"First {SALIENCY_IMAGES} test images, true class; method: {note}."
                                           if drawn else note + ".")
+    for name, (drawn, _) in figures.items():
+        if not drawn:
+            # Left by an earlier report (from checkpoints since deleted, say), it would contradict this one.
+            (root / f"{name}.png").unlink(missing_ok=True)
     readme = root / "README.md"
     atomic.write_text(readme, render(aggregated, figures))
     if results_dir is not None:

@@ -230,12 +230,13 @@ def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
     assert favor["val_accuracy_curve"]["mean"] == pytest.approx([0.5, statistics.mean(values)])
 
     (root / "aggregate.json").write_text(json.dumps(result))
+    (root / "saliency_mnist.png").write_bytes(b"a figure an earlier report drew from checkpoints now gone")
     readme = report.write_report(json.loads((root / "aggregate.json").read_text()), root, tmp_path).read_text()
     assert "## Ablation: number of random features m" in readme
     assert "## Ablation: from scratch against starting from the trained softmax ViT" in readme
     assert "favor-absolute-m256/seed1" not in readme and "`ablations/num_features/mnist/favor-absolute-m256`: 1" in readme
     assert f"{100 * statistics.mean(values):.2f}" in readme
-    assert "no best.keras checkpoint" in readme
+    assert "no best.keras checkpoint" in readme and not (root / "saliency_mnist.png").exists()
     assert (root / "pareto_mnist.png").is_file() and (root / "curves_mnist.png").is_file()
     assert "small/README.md)" in (tmp_path / "README_SECTION.md").read_text()
 
