@@ -170,6 +170,7 @@ OPTIONS = {
     # Cost profiles.
     "baseline": dict(help="a checkout of another commit whose train.py path to measure alongside this one"),
     "backends": dict(nargs="+", choices=["tensorflow", "jax"], help="the backends to measure (default: both)"),
+    "rounds": dict(type=positive_int, help="timed rounds after the warm-up one (default: the profile's)"),
     "burn-in": dict(type=non_negative_int, default=1, help="untimed steps after the compiling one (default 1)"),
     "steps": dict(type=positive_int, default=3, help="timed training steps (default 3)"),
     "trace-steps": dict(type=non_negative_int, default=2, help="training steps traced by the profiler (0: none)"),

@@ -3,6 +3,7 @@
     python -m profiles.engine                              # -> profiles/results/<device>/engine.json
     python -m profiles.engine --baseline /tmp/old-checkout # also train.py's path of another commit
     python -m profiles.engine --num-features 16            # favor and relu at m = 16 -> engine-m16.json
+    python -m profiles.engine --backends tensorflow --rounds 9   # -> engine-r9-tensorflow.json
 
 For size `small` on MNIST (`TASK`: 16,384 training images, train.py's
 default batch of 128), one child process per backend (`engine_child.py`)
@@ -20,7 +21,10 @@ add /tmp/old <commit>``), child processes alternate between that code and
 this one, measuring train.py's path on the default backend.
 ``--num-features M`` gives every model m = M random features (the `cpu`
 profile's 16 against train.py's default 64, at head dimension 16 here) and
-writes ``engine-m<M>.json``. The JSON keeps
+writes ``engine-m<M>.json``; ``--rounds R`` times R rounds instead of 3
+(more, for ratios closer than the machine's noise), and ``--backends`` one
+backend, each named in the file (`record_name`), so no run overwrites
+another's record. The JSON keeps
 every sample, the medians, and the ratios that issue 14 sets targets for
 (``targets``): softmax over stock >= 1.0, favor and relu over softmax >= 0.9,
 train path over bare fit >= 0.95, this train path over the baseline's >= 1.5.
@@ -50,6 +54,7 @@ TASK = dict(dataset="mnist", size="small", limit=16384, validation_size=256, bat
             variants=list(VARIANTS))
 SUBJECTS = ["stock", *(f"fit:{variant}" for variant in VARIANTS), "train_path"]
 BASELINE_ROUNDS = 2
+BACKENDS = ("tensorflow", "jax")
 TARGETS = {"softmax_over_stock": 1.0, "favor_over_softmax": 0.9, "relu_over_softmax": 0.9,
            "train_path_over_fit": 0.95, "train_path_over_baseline": 1.5}
 
@@ -101,10 +106,25 @@ def baseline_comparison(baseline, backend, task=TASK, log=print):
             "this_images_per_second": this, "baseline_images_per_second": base, "train_path_over_baseline": this / base}
 
 
+def record_name(num_features, rounds, backends):
+    """engine.json, with every setting that differs from the default in the name: engine-m16-r9-tensorflow.json."""
+    parts = ["engine"]
+    if num_features:
+        parts.append(f"m{num_features}")
+    if rounds != TASK["rounds"]:
+        parts.append(f"r{rounds}")
+    if tuple(backends) != BACKENDS:
+        parts += backends
+    return "-".join(parts) + ".json"
+
+
 def main(argv=None):
-    args = parser("python -m profiles.engine", __doc__, "out", "baseline", "backends", "num-features").parse_args(argv)
-    backends = args.backends or ["tensorflow", "jax"]
-    task = dict(TASK, num_features=args.num_features) if args.num_features else TASK
+    args = parser("python -m profiles.engine", __doc__, "out", "baseline", "backends", "num-features",
+                  "rounds").parse_args(argv)
+    backends = args.backends or list(BACKENDS)
+    task = dict(TASK, rounds=args.rounds or TASK["rounds"])
+    if args.num_features:
+        task["num_features"] = args.num_features
     per_backend = {}
     for backend in backends:
         events = run_child(dict(task, subjects=SUBJECTS), backend)
@@ -122,8 +142,7 @@ def main(argv=None):
     }
     if args.baseline:
         record["baseline"] = baseline_comparison(args.baseline, backends[0], task)
-    name = f"engine-m{args.num_features}.json" if args.num_features else "engine.json"
-    path = Path(args.out or DEFAULT_OUT) / bench.device_slug() / name
+    path = Path(args.out or DEFAULT_OUT) / bench.device_slug() / record_name(args.num_features, task["rounds"], backends)
     atomic.write_json(path, record, indent=1, sort_keys=False)
     summary = {backend: {k: round(v, 3) for k, v in entry["ratios"].items()} for backend, entry in per_backend.items()}
     print(json.dumps({"ratios": summary, "file": str(path)}))

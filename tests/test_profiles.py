@@ -325,6 +325,15 @@ def test_engine_child_measures_every_subject_with_a_stock_vit_of_equal_size():
     assert set(engine.ratios(median)) == set(engine.TARGETS) - {"train_path_over_baseline"}
 
 
+def test_engine_records_are_named_by_the_settings_that_differ_from_the_default():
+    from profiles import engine
+
+    assert engine.record_name(None, engine.TASK["rounds"], engine.BACKENDS) == "engine.json"
+    assert engine.record_name(16, engine.TASK["rounds"], ["tensorflow", "jax"]) == "engine-m16.json"
+    assert engine.record_name(None, 9, ["tensorflow"]) == "engine-r9-tensorflow.json"
+    assert engine.record_name(16, 5, ["jax", "tensorflow"]) == "engine-m16-r5-jax-tensorflow.json"
+
+
 def test_engine_baseline_alternates_processes_and_takes_medians(monkeypatch):
     from profiles import engine
 
