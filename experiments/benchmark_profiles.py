@@ -276,22 +276,18 @@ def cpu():
     Command (2-core CPU, TensorFlow, the default backend):
         python -m experiments.benchmark --profile cpu
         python -m experiments.report --profile cpu
-    Expected time: a CIFAR-10 epoch of this model took 29-38 s in the pilot
-        softmax run that had the CPU to itself but for one other run, and up
-        to 100 s with three other processes; the first cpu run
-        (softmax-absolute, seed 0) took 3,196 s with training and evaluation
-        while sharing the CPU with two or three other processes, and seed 2,
-        alone on the CPU, 1,169 s (results/cpu/benchmark_log.txt): about 20
-        minutes a CIFAR-10 run of softmax with absolute positions, 35-40
-        with rope, both without XLA; with XLA, favor-rope seed 1 took
-        2,135 s (a median epoch of 53 s, against 65-73 s for seed 0's
-        epochs 22-29 without it, alone on the CPU; the two runs'
-        history.csv). An MNIST epoch took 60-73 s in the 40-epoch pilot
-        (other work beside it for most epochs), so about 40-50 minutes an MNIST
-        run. At these rates the 72 main runs and 12 normalisation runs take
-        on the order of 50 CPU hours, about three times the 18 hours issue
-        16 allowed: 40 epochs were needed for 65% on CIFAR-10 and for 98.5%
-        on MNIST. Resumable: each session adds to the same folders.
+    Expected time, from the committed runs (results/cpu/runs/*/history.csv):
+        with XLA and the CPU mostly to itself, a CIFAR-10 run's median epoch
+        took 15-20 s for the string and kerple rows, about 26 s for rope and
+        30 s for relu-kerple, 10-25 minutes a run; the first 13 runs, without
+        XLA and often beside other work, took 19-161 minutes. The 36
+        CIFAR-10 runs of the main table took 22.3 hours of training epochs in
+        all. MNIST's first epochs (55,000 images, 50 tokens) took 29-40 s
+        beside the test suite, so about 20-27 minutes a run: the 36 MNIST runs
+        and 12 normalisation runs that remain take about 15-20 hours, and the
+        whole table two to three times the 18 hours issue 16 allowed, because
+        40 epochs were needed for 65% on CIFAR-10 and for 98.5% on MNIST.
+        Resumable: each session adds to the same folders.
     Expected accuracy: softmax-absolute reached 67.04%, 65.63% and 66.76%
         test accuracy on CIFAR-10 (seeds 0-2, results/cpu/README.md); the
         targets are >= 65% on CIFAR-10 and >= 98.5% on MNIST.
