@@ -283,8 +283,8 @@ def cpu():
         XLA and often beside other work, took 19-161 minutes. The 36
         CIFAR-10 runs of the main table took 22.3 hours of training epochs in
         all. MNIST's first epochs (55,000 images, 50 tokens) took 29-40 s
-        beside the test suite, so about 20-27 minutes a run: the 36 MNIST runs
-        and 12 normalisation runs that remain take about 15-20 hours, and the
+        beside the test suite, so about 20-27 minutes a run: the 47 runs that
+        remain at 37 of 84 (35 MNIST, 12 normalisation) take about 15-20 hours, and the
         whole table two to three times the 18 hours issue 16 allowed, because
         40 epochs were needed for 65% on CIFAR-10 and for 98.5% on MNIST.
         Resumable: each session adds to the same folders.
