@@ -96,7 +96,7 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
         variants: only these rows (may name variants the profile lacks) and
             only the ablation runs of these variants; default all.
         datasets, seeds: replace the profile's (seeds may add new ones);
-            `seeds` replaces the ablation seeds too.
+            `seeds` replaces the ablation seeds and `more_seeds` too.
         epochs: replace the profile's epochs on every dataset.
         experiments: any of `EXPERIMENTS`.
 
@@ -159,6 +159,11 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
                 for seed in ablation_seeds:
                     config = profile.config(variant, dataset, seed, epochs, normalize_qk=switched)
                     add(Job("normalize_qk", dataset, variant, label, seed, f"ablations/normalize_qk/{dataset}/{label}", config))
+    if "variants" in experiments and seeds is None:
+        for dataset in (d for d in datasets if d in profile.more_seeds):
+            for variant in filter(wanted, profile.variants):
+                for seed in profile.more_seeds[dataset]:
+                    add(row_job(variant, dataset, seed))
     return jobs
 
 
@@ -288,6 +293,7 @@ def report_header(profile, results_dir):
     """What aggregate.json says about the profile besides the runs."""
     return dict(profile=profile.name, doc=profile.doc, commands=commands(profile, results_dir),
                 settings=profile.settings, epochs=profile.epochs, seeds=list(profile.seeds),
+                more_seeds={dataset: list(seeds) for dataset, seeds in profile.more_seeds.items()},
                 pipeline_check=profile.pipeline_check,
                 ablation_seeds=list(profile.ablation_seeds or profile.seeds))
 

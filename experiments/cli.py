@@ -31,6 +31,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 ABSL_INFO_OR_WARNING = re.compile(r"^[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\] ")
 
+# The Keras backends the project runs on (`compiled`, `profiles.engine`, --backends).
+BACKENDS = ("tensorflow", "jax")
+
 USAGE_ERROR = 2
 INTERRUPTED = 130
 
@@ -169,7 +172,7 @@ OPTIONS = {
     "verbose": dict(**_FLAG, help="Keras progress lines for every epoch"),
     # Cost profiles.
     "baseline": dict(help="a checkout of another commit whose train.py path to measure alongside this one"),
-    "backends": dict(nargs="+", choices=["tensorflow", "jax"], help="the backends to measure (default: both)"),
+    "backends": dict(nargs="+", choices=BACKENDS, help="the backends to measure (default: both)"),
     "rounds": dict(type=positive_int, help="timed rounds after the warm-up one (default: the profile's)"),
     "burn-in": dict(type=non_negative_int, default=1, help="untimed steps after the compiling one (default 1)"),
     "steps": dict(type=positive_int, default=3, help="timed training steps (default 3)"),

@@ -2,9 +2,8 @@
 
 import keras
 
+from experiments.cli import BACKENDS
 from performer_keras.options import check_choice
-
-BACKENDS = ("tensorflow", "jax")
 
 
 def compiled_forward(model):

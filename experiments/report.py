@@ -505,6 +505,8 @@ def render_readme_section(reports):
         ablation_seeds = aggregated.get("ablation_seeds", aggregated["seeds"])
         if ablation_seeds != aggregated["seeds"]:
             seeds = f"{seeds}; extra rows and ablations {', '.join(map(str, ablation_seeds))}"
+        for dataset, more in aggregated.get("more_seeds", {}).items():
+            seeds = f"{seeds}; {dataset_name(dataset)} also {', '.join(map(str, more))}, queued last"
         summary = (f"Profile `{aggregated['profile']}` ({settings}; epochs {epochs}; seeds {seeds}): "
                    f"{runs['finished']} of {runs['planned']} runs finished ({'; '.join(progress_parts(aggregated))}).")
         if aggregated.get("pipeline_check") and runs["finished"]:

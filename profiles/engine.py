@@ -42,7 +42,7 @@ import sys
 from pathlib import Path
 
 from experiments import atomic
-from experiments.cli import parser
+from experiments.cli import BACKENDS, parser
 from profiles import bench
 from profiles.__main__ import DEFAULT_OUT
 from profiles.child import EVENT_PREFIX
@@ -54,7 +54,6 @@ TASK = dict(dataset="mnist", size="small", limit=16384, validation_size=256, bat
             variants=list(VARIANTS))
 SUBJECTS = ["stock", *(f"fit:{variant}" for variant in VARIANTS), "train_path"]
 BASELINE_ROUNDS = 2
-BACKENDS = ("tensorflow", "jax")
 TARGETS = {"softmax_over_stock": 1.0, "favor_over_softmax": 0.9, "relu_over_softmax": 0.9,
            "train_path_over_fit": 0.95, "train_path_over_baseline": 1.5}
 

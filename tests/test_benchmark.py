@@ -140,6 +140,34 @@ def test_small_profile_queue_order_and_shared_runs(tmp_path):
     assert [(j.variant, j.dataset, j.seed, j.config.epochs) for j in narrowed] == [("favor-rope", "mnist", 7, 1)]
 
 
+def test_more_seeds_run_after_the_whole_queue_and_join_their_rows(tmp_path):
+    profile = get_profile("cpu")
+    assert profile.more_seeds == {"cifar10": (3, 4)}
+    jobs = benchmark.plan(profile, tmp_path)
+    unique = benchmark.unique_runs(jobs, tmp_path)
+    first, later = unique[:84], unique[84:]
+    # The 84 runs planned before the further seeds keep their order: the queue resumes where it stood.
+    assert [(j.experiment, j.cell, j.seed) for j in first] == [
+        (j.experiment, j.cell, j.seed)
+        for j in benchmark.plan(dataclasses.replace(profile, more_seeds={}), tmp_path)]
+    assert [(j.experiment, j.dataset, j.variant, j.seed) for j in later] == [
+        ("variants", "cifar10", variant, seed) for variant in profile.variants for seed in (3, 4)]
+    assert all(j.config == profile.config(j.variant, "cifar10", j.seed) for j in later)
+    rows = {(c["dataset"], c["label"]): c for c in benchmark.cells(jobs) if c["experiment"] == "variants"}
+    assert rows[("cifar10", "favor-rope")]["seeds"] == [0, 1, 2, 3, 4]
+    assert rows[("mnist", "favor-rope")]["seeds"] == [0, 1, 2]
+    # --seeds replaces every seed of the queue, these too; a narrowed queue keeps its rows' further seeds.
+    assert {j.seed for j in benchmark.plan(profile, tmp_path, seeds=[7])} == {7}
+    narrowed = benchmark.plan(profile, tmp_path, variants=["relu-kerple"], experiments=["variants"])
+    assert [(j.dataset, j.seed) for j in narrowed] == [("cifar10", s) for s in range(3)] + [
+        ("mnist", s) for s in range(3)] + [("cifar10", 3), ("cifar10", 4)]
+    header = benchmark.report_header(profile, tmp_path)
+    assert header["more_seeds"] == {"cifar10": [3, 4]}
+    section = report.render_readme_section([({**header, "runs": {"planned": 108, "finished": 0, "missing": []},
+                                        "cells": []}, "cpu/README.md")])
+    assert "seeds 0, 1, 2; CIFAR-10 also 3, 4, queued last" in section
+
+
 def test_tuned_profile_takes_searched_hyperparameters_only(tmp_path):
     profile = dataclasses.replace(get_profile("tuned"), hparams_dir=str(tmp_path))
     best = tmp_path / "mnist" / "favor-rope" / "best_hparams.json"
@@ -318,7 +346,7 @@ def test_normalisation_rows_complete_the_position_by_normalisation_square(tmp_pa
         ("favor", "absolute", False): (0.88, 0.90, 0.89), ("favor", "absolute", True): (0.86, 0.87, 0.89),
         ("favor", "kerple", True): (0.91, 0.92, 0.90), ("favor", "kerple", False): (0.85, 0.88, 0.88),
     }
-    profile = get_profile("cpu")
+    profile = dataclasses.replace(get_profile("cpu"), more_seeds={})  # seeds 0-2 of every cell
     variants = ["softmax-absolute", "favor-absolute", "softmax-kerple", "favor-kerple"]
     jobs = benchmark.plan(profile, tmp_path, variants=variants, datasets=["cifar10"],
                           experiments=["variants", "normalize_qk"])
