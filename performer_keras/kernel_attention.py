@@ -38,7 +38,8 @@ DENSE_TOEPLITZ_MAX_TOKENS = 4097
 # elements per example (128 MiB) it correlates the features in chunks, each recomputed in
 # the backward pass (`keras.remat`), so training holds a few chunks' spectra at a time.
 # Small chunks, because TensorFlow may run independent chunks at once: with 2**27 (three
-# chunks at 16,385 tokens) that training step still reached the 8 GiB limit in a sweep.
+# chunks at 16,385 tokens) that training step still reached the 8 GiB limit in a sweep run
+# before 2**25 was committed (2026-11-25); no committed file keeps that reading.
 FFT_CHUNK_ELEMENTS = 2**25
 
 
