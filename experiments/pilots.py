@@ -20,16 +20,18 @@ from experiments import atomic
 from experiments.benchmark_profiles import PILOTS
 from experiments.cli import fail, parser
 from experiments.aggregate import BASELINE, paired_difference, seed_folders, summarize
-from experiments.checkpoints import read_history as history_rows
 
 PILOT_ROOT = "cpu-pilots"
 
 
 def run_summary(folder):
     """(best validation accuracy, training hours) of one run folder, or None while unfinished."""
+    # Imported here: checkpoints loads Keras, which the summary's command line should not wait for.
+    from experiments.checkpoints import read_history
+
     if not (folder / "metrics.json").is_file():
         return None
-    rows = history_rows(folder / "history.csv")
+    rows = read_history(folder / "history.csv")
     return max(float(row["val_accuracy"]) for row in rows), sum(float(row["epoch_seconds"]) for row in rows) / 3600
 
 

@@ -74,3 +74,29 @@ def test_a_tool_that_loaded_tensorflow_still_fails_in_one_line():
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert result.stderr.startswith("train.py: error:"), result.stderr
+
+
+# The single-purpose measurements, each of which imports Keras before it parses its command line.
+SINGLE_TOOLS = ("profiles.engine", "profiles.precision", "profiles.kerple_cost", "profiles.kerple_paths",
+                "profiles.favor_estimator", "profiles.xla_cost", "experiments.pilots")
+
+
+@pytest.mark.slow
+def test_the_single_purpose_tools_refuse_a_bad_argument_in_one_line():
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    running = {tool: subprocess.Popen([sys.executable, "-m", tool, "--no-such-option"], cwd=ROOT, env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               for tool in SINGLE_TOOLS}
+    for tool, process in running.items():
+        stderr = process.communicate(timeout=300)[1]
+        assert process.returncode == 2, (tool, stderr)
+        assert len(stderr.strip().splitlines()) == 1 and "error: unrecognized arguments" in stderr, (tool, stderr)
+
+
+def test_python_m_profiles_still_parses_before_any_backend():
+    # -X importtime lists every module imported, on stderr: the parent of the profiles loads none of Keras.
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "profiles", "--no-such-option"], cwd=ROOT,
+                            capture_output=True, text=True)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    assert result.returncode == 2 and "profiles" in imported, result.stderr[-2000:]
+    assert not {name.split(".")[0] for name in imported} & {"keras", "tensorflow", "jax"}
