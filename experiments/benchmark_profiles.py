@@ -301,10 +301,11 @@ def cpu():
         30 s for relu-kerple, 10-25 minutes a run; the first 13 runs, without
         XLA and often beside other work, took 19-161 minutes. The 36
         CIFAR-10 runs of the main table took 22.3 hours of training epochs in
-        all. MNIST's runs (55,000 images, 50 tokens) took 17 and 23 minutes
-        (median epoch 25 s alone, 38 s beside the test suite): the 46 runs
-        that remain at 38 of 84 (34 MNIST, 12 normalisation) take about
-        15-20 hours, and the 24 runs of CIFAR-10's seeds 3 and 4 about 7 more;
+        all. MNIST's first six runs (55,000 images, 50 tokens) took 17-29
+        minutes of epochs (median epoch 25 s alone, 34-40 s beside tests or
+        profiles): the 42 runs that remain at 42 of 84 (30 MNIST, 12
+        normalisation) take about 14-19 hours, and the 24 runs of CIFAR-10's
+        seeds 3 and 4 about 7 more;
         the whole table costs two to three times the 18 hours issue 16
         allowed, because 40 epochs were needed for 65% on CIFAR-10 and for
         98.5% on MNIST.
