@@ -29,13 +29,13 @@ The statistics are `significance.py` (paired t, Holm over the family of
 main-table comparisons, minimum detectable difference, test-set sampling error).
 """
 
-import csv
 import json
 from pathlib import Path
 
 import numpy as np
 
 from experiments import atomic, significance
+from experiments.history import validation_curve
 from experiments.run_config import EXECUTION_FIELDS
 from performer_keras.registry import main_kernels, normalizes_qk
 
@@ -91,15 +91,6 @@ def epochs_to_summary(values):
     return {"reached": len(reached), "of": len(values), "mean": float(np.mean(reached)) if reached else None}
 
 
-def read_history(path):
-    """(epochs, val_accuracy) of a CSVLogger file; 1-based epochs, empty if missing."""
-    if not Path(path).is_file():
-        return [], []
-    with open(path, newline="") as f:
-        rows = [row for row in csv.DictReader(f) if row.get("val_accuracy")]
-    return [int(row["epoch"]) + 1 for row in rows], [float(row["val_accuracy"]) for row in rows]
-
-
 def curve_summary(curves):
     """Mean, std (ddof=0: a band, not an interval) and count per epoch of several curves."""
     by_epoch = {}
@@ -150,7 +141,7 @@ def aggregate_cell(root, cell):
         sessions = read_sessions(folder)
         commits[str(seed)] = list(dict.fromkeys(str(session.get("commit")) for session in sessions))
         xla[str(seed)] = ran_with_xla(configs[seed], sessions)
-        curves.append(read_history(folder / "history.csv"))
+        curves.append(validation_curve(folder / "history.csv"))
     result = dict(cell)
     result["seeds"] = {"planned": list(cell["seeds"]), "finished": sorted(runs),
                        "missing": [s for s in cell["seeds"] if s not in runs]}

@@ -50,6 +50,7 @@ from pathlib import Path
 from experiments.aggregate import BASELINE, write_aggregate as aggregate_cells
 from experiments.benchmark_profiles import get_profile
 from experiments.cli import SELECTION_OPTIONS, fail, interruptible, parser
+from experiments.history import read_history
 from experiments.run_config import RunError
 from performer_keras.options import check_choice
 
@@ -213,8 +214,6 @@ def expected_seconds(job, root):
     run of the dataset; epochs the run already has (a resumed run) are not
     counted again.
     """
-    from experiments.checkpoints import read_history
-
     def slowest_epoch(folders):
         seconds = [float(row["epoch_seconds"]) for folder in folders if (folder / "metrics.json").is_file()
                    for row in read_history(folder / "history.csv")]

@@ -14,15 +14,14 @@ stopped and restarted many times, so these callbacks replace them:
 * `BestCheckpoint` saves `best.keras` atomically when validation accuracy
   improves on everything the restored history has seen.
 * `HistoryWriter` rewrites `history.csv` atomically each epoch, so it always
-  holds whole rows, one per epoch, in the columns CSVLogger uses.
+  holds whole rows, one per epoch, in the columns CSVLogger uses (its readers
+  are in `history`, which imports no Keras).
 
 `history.csv` can hold one epoch more than the backup (a kill between the two
-writes); `restore` cuts it back, so it always ends at the epoch the restored
-state has seen.
+writes); after `restore` the trainer cuts it back (`history.cut_history`), so it
+always ends at the epoch the restored state has seen.
 """
 
-import csv
-import io
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from pathlib import Path
 import keras
 
 from experiments import atomic
+from experiments.history import csv_text, read_history
 
 STATE_FILE = "state.json"
 # The newest state and the one before it: a corrupt newest file costs one epoch.
@@ -124,26 +124,6 @@ class BestCheckpoint(keras.callbacks.Callback):
             self.model.save(tmp)
 
 
-def read_history(path):
-    """The rows of a history CSV as dicts ([] when missing)."""
-    if not Path(path).is_file():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def cut_history(path, epochs):
-    """Keep the rows of epochs < `epochs` (atomically); return the best val_accuracy among them."""
-    rows = read_history(path)
-    kept = [row for row in rows if int(row["epoch"]) < epochs]
-    if len(kept) != len(rows):
-        if kept:
-            atomic.write_text(path, _csv_text(list(kept[0]), kept))
-        else:
-            Path(path).unlink()
-    return max((float(row["val_accuracy"]) for row in kept), default=None)
-
-
 class HistoryWriter(keras.callbacks.Callback):
     """Append each epoch's logs to a CSV, rewriting the whole file atomically.
 
@@ -158,16 +138,8 @@ class HistoryWriter(keras.callbacks.Callback):
         rows = read_history(self.path)
         row = {"epoch": epoch, **{key: _cell(value) for key, value in sorted((logs or {}).items())}}
         fields = list(rows[0]) if rows else list(row)
-        atomic.write_text(self.path, _csv_text(fields, rows + [row]))
+        atomic.write_text(self.path, csv_text(fields, rows + [row]))
 
 
 def _cell(value):
     return float(keras.ops.convert_to_numpy(value)) if not isinstance(value, str) else value
-
-
-def _csv_text(fields, rows):
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import atomic
-from experiments.checkpoints import read_history
+from experiments.history import read_history
 from experiments.data import load_dataset
 from experiments.figures import plot_confusion_matrix
 from experiments.latency import LATENCY_REPEATS, device_name, measure_latency

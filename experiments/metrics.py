@@ -9,7 +9,7 @@ import statistics
 
 import numpy as np
 
-from experiments.checkpoints import read_history
+from experiments.history import read_history
 
 # A class whose probability underflowed to 0 (float32 softmax) would make the
 # log-likelihood -inf and AIC/BIC useless; one such confident mistake counts

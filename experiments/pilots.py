@@ -18,17 +18,15 @@ from pathlib import Path
 
 from experiments import atomic
 from experiments.benchmark_profiles import PILOTS
-from experiments.cli import fail, parser
 from experiments.aggregate import BASELINE, paired_difference, seed_folders, summarize
+from experiments.cli import fail, parser
+from experiments.history import read_history
 
 PILOT_ROOT = "cpu-pilots"
 
 
 def run_summary(folder):
     """(best validation accuracy, training hours) of one run folder, or None while unfinished."""
-    # Imported here: checkpoints loads Keras, which the summary's command line should not wait for.
-    from experiments.checkpoints import read_history
-
     if not (folder / "metrics.json").is_file():
         return None
     rows = read_history(folder / "history.csv")

@@ -30,7 +30,7 @@ from pathlib import Path
 import keras
 
 import performer_keras
-from experiments import checkpoints, data, event_logs, pipelines
+from experiments import checkpoints, data, event_logs, history, pipelines
 from experiments.atomic import write_json
 from performer_keras.registry import create_model, model_config
 from experiments.run_config import RunError
@@ -429,7 +429,7 @@ def _fit(config, splits, source, out_dir, verbose):
 
     backup_dir = out_dir / "backup"
     model, start_epoch = checkpoints.restore(build, backup_dir, log=lambda line: print(line, file=sys.stderr))
-    best_so_far = checkpoints.cut_history(out_dir / "history.csv", start_epoch)
+    best_so_far = history.cut_history(out_dir / "history.csv", start_epoch)
     record_provenance(out_dir, start_epoch, model.jit_compile)
 
     log_dir = out_dir / "logs"
@@ -470,4 +470,4 @@ def write_throughput(config, splits, out_dir):
 
 
 def _history_rows(out_dir):
-    return checkpoints.read_history(out_dir / "history.csv")
+    return history.read_history(out_dir / "history.csv")

@@ -22,25 +22,10 @@ sweep goes on. Results land in `<out>/<device>/<backend>/`.
 
 Nothing heavy is imported here, so `python -m profiles --help` and the child
 processes start without loading a backend twice. The single-purpose tools
-(`python -m profiles.engine` and the like) import Keras at module level, before
-their command line is parsed; for them Keras is started here first with
-TensorFlow's start-up log dropped (`experiments.cli.start_backend`), so a bad
-argument is still the one line on stderr every tool promises.
+(`python -m profiles.engine` and the like) need Keras for their imports, so each
+starts it first with TensorFlow's start-up log dropped (`experiments.cli.start_backend`)
+and a bad argument is still the one line on stderr every tool promises.
 """
-
-import sys
-
-
-def _run_as_a_single_tool():
-    """Whether this process is `python -m profiles.<name>` (not `python -m profiles`, not an import)."""
-    argv = getattr(sys, "orig_argv", [])
-    return "-m" in argv[:-1] and argv[argv.index("-m") + 1].startswith(f"{__name__}.")
-
-
-if _run_as_a_single_tool():
-    from experiments.cli import start_backend
-
-    start_backend()
 
 # Defaults of `python -m profiles`, here so that the command line parses without a backend.
 BENCH_SIZE = "reference"  # the per-variant bench measures the reference model

@@ -41,8 +41,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from experiments.cli import BACKENDS, parser, start_backend
+
+# A command's module: Keras starts before the imports below load it, with TensorFlow's start-up
+# log dropped (`start_backend`), so that a bad argument is still one line on stderr.
+start_backend()
+
 from experiments import atomic
-from experiments.cli import BACKENDS, parser
 from profiles import bench
 from profiles.__main__ import DEFAULT_OUT
 from profiles.child import EVENT_PREFIX

@@ -24,11 +24,16 @@ import statistics
 import sys
 from pathlib import Path
 
+from experiments.cli import parser, start_backend
+
+# A command's module: Keras starts before the imports below load it, with TensorFlow's start-up
+# log dropped (`start_backend`), so that a bad argument is still one line on stderr.
+start_backend()
+
 import keras
 import numpy as np
 
 from experiments import atomic, significance
-from experiments.cli import parser
 from performer_keras.kernel_attention import KernelAttention
 from performer_keras.registry import DEFAULT_QK_NORM
 from profiles import bench

@@ -27,9 +27,14 @@ import statistics
 import sys
 import time
 
+from experiments.cli import parser, start_backend
+
+# A command's module: Keras starts before the imports below load it, with TensorFlow's start-up
+# log dropped (`start_backend`), so that a bad argument is still one line on stderr.
+start_backend()
+
 import keras
 
-from experiments.cli import parser
 from experiments.training import keras_jit_compile
 from performer_keras.kernel_attention import KernelAttention
 from performer_keras.registry import create_model, linear_kernels, main_kernels

@@ -23,10 +23,15 @@ import statistics
 import sys
 from pathlib import Path
 
+from experiments.cli import parser, start_backend
+
+# A command's module: Keras starts before the imports below load it, with TensorFlow's start-up
+# log dropped (`start_backend`), so that a bad argument is still one line on stderr.
+start_backend()
+
 import keras
 
 from experiments import atomic
-from experiments.cli import parser
 from profiles import bench
 from profiles.__main__ import DEFAULT_OUT
 from profiles.scaling import SCALING_CONFIG, build_subject, compiled_passes, grid_for, subject_inputs, time_calls

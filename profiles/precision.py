@@ -20,10 +20,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from experiments.cli import parser, start_backend
+
+# A command's module: Keras starts before the imports below load it, with TensorFlow's start-up
+# log dropped (`start_backend`), so that a bad argument is still one line on stderr.
+start_backend()
+
 import keras
 
-from experiments import atomic
-from experiments.cli import parser
+from experiments import atomic, history, training
 from experiments.run_config import RunConfig
 from performer_keras.registry import list_variants
 from profiles import bench
@@ -40,14 +45,12 @@ TOLERANCE = 0.02
 
 def short_run(variant, precision, root, settings=SETTINGS):
     """Test accuracy, loss curve and seconds per epoch of one short training run."""
-    from experiments import checkpoints, training
-
     config = RunConfig(variant=variant, precision=precision, **settings)
     out_dir = Path(root) / f"{variant}-{precision}"
     metrics = training.train(config, out_dir, verbose=0)
-    history = checkpoints.read_history(out_dir / "history.csv")
-    return {"test_accuracy": metrics["test_accuracy"], "loss": [float(row["loss"]) for row in history],
-            "val_accuracy": [float(row["val_accuracy"]) for row in history],
+    rows = history.read_history(out_dir / "history.csv")
+    return {"test_accuracy": metrics["test_accuracy"], "loss": [float(row["loss"]) for row in rows],
+            "val_accuracy": [float(row["val_accuracy"]) for row in rows],
             "seconds_per_epoch": metrics["train_seconds_per_epoch"]}
 
 

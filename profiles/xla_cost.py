@@ -16,11 +16,16 @@ import statistics
 import sys
 import time
 
+from experiments.cli import parser, start_backend
+
+# A command's module: Keras starts before the imports below load it, with TensorFlow's start-up
+# log dropped (`start_backend`), so that a bad argument is still one line on stderr.
+start_backend()
+
 import keras
 
 from experiments import data, pipelines
 from experiments.benchmark_profiles import get_profile
-from experiments.cli import parser
 from experiments.training import augmentation, build_model
 from profiles import bench
 from profiles.__main__ import DEFAULT_OUT

@@ -1,0 +1,47 @@
+"""A run's `history.csv`: one row per finished epoch, in the columns Keras' CSVLogger uses.
+
+Read by the queue (time left), the pilots, the report and the evaluation, most
+of which must not wait for Keras, so this module imports none: the writer,
+a Keras callback, is `checkpoints.HistoryWriter`.
+"""
+
+import csv
+import io
+from pathlib import Path
+
+from experiments import atomic
+
+
+def read_history(path):
+    """The rows of a history CSV as dicts ([] when missing)."""
+    if not Path(path).is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def validation_curve(path):
+    """(epochs, val_accuracy) of a history CSV; 1-based epochs, empty if missing."""
+    rows = [row for row in read_history(path) if row.get("val_accuracy")]
+    return [int(row["epoch"]) + 1 for row in rows], [float(row["val_accuracy"]) for row in rows]
+
+
+def cut_history(path, epochs):
+    """Keep the rows of epochs < `epochs` (atomically); return the best val_accuracy among them."""
+    rows = read_history(path)
+    kept = [row for row in rows if int(row["epoch"]) < epochs]
+    if len(kept) != len(rows):
+        if kept:
+            atomic.write_text(path, csv_text(list(kept[0]), kept))
+        else:
+            Path(path).unlink()
+    return max((float(row["val_accuracy"]) for row in kept), default=None)
+
+
+def csv_text(fields, rows):
+    """`rows` (dicts) as CSV text with a header of `fields`; keys outside `fields` are dropped."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
