@@ -362,6 +362,16 @@ def ran_with_xla(config, sessions):
                                   for session in sessions)
 
 
+def detectable_in_sd(cells):
+    """{n: MDE of n pairs in units of the pairs' standard deviation} for every planned seed count of `cells`.
+
+    What more seeds buy, independent of any spread measured: the report
+    quotes it beside the MDEs of the comparisons.
+    """
+    counts = sorted({len(cell["seeds"]["planned"]) for cell in cells} - {0, 1})
+    return {str(n): significance.minimum_detectable_difference(1.0, n) for n in counts}
+
+
 def aggregate(root, cells, **header):
     """Aggregate `cells` (see `aggregate_cell`) of the results folder `root`.
 
@@ -384,7 +394,7 @@ def aggregate(root, cells, **header):
         **header,
         "confidence": CONFIDENCE,
         "family": {"size": family_size, "adjustment": "holm", "alpha": significance.ALPHA, "power": significance.POWER,
-                   "members": list(COMPARISONS)},
+                   "members": list(COMPARISONS), "detectable_in_sd": detectable_in_sd(aggregated)},
         "runs": {
             "planned": len(runs), "finished": sum(runs.values()),
             "missing": [folder for folder, done in runs.items() if not done],  # queue order

@@ -246,8 +246,8 @@ def cpu():
     string 1.46-2.44 points over softmax-absolute) while its interaction,
     "gap closed", can only detect 0.95-3.78 points at 80% power, and no
     comparison survives Holm; five pairs instead of three halve what a paired
-    t-test detects at the same spread (`significance.
-    minimum_detectable_difference`: 1.68 against 3.26 standard deviations).
+    t-test detects at the same spread (1.68 against 3.26 standard
+    deviations: `family.detectable_in_sd` in results/cpu/aggregate.json).
     MNIST, at 98.5-99% accuracy, leaves a point or less to separate, and its
     absolute rows show no gap to softmax either (favor +0.02 [-0.31, 0.36],
     relu +0.21 [-0.07, 0.50] points over seeds 0-2), the case in which issue

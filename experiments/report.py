@@ -261,7 +261,16 @@ def family_line(aggregated):
             f"kernel at absolute positions, gap closed), at family-wise α = {family.get('alpha', 0.05):g}. MDE is the "
             f"smallest true difference a two-sided paired t-test at α = {family.get('alpha', 0.05):g} (before the "
             f"adjustment) finds with {round(100 * family.get('power', 0.8))}% power, given the seed-to-seed spread of "
-            "these pairs: \"not separated\" says nothing about differences smaller than it.")
+            "these pairs: \"not separated\" says nothing about differences smaller than it." + detectable_text(family))
+
+
+def detectable_text(family):
+    """The sentence on what each planned seed count detects, in units of the pairs' spread ("" without any)."""
+    detectable = family.get("detectable_in_sd") or {}
+    if not detectable:
+        return ""
+    parts = [f"{n} pairs {mde:.2f}" for n, mde in sorted(detectable.items(), key=lambda item: int(item[0]))]
+    return f" In units of the pairs' standard deviation, the plan's seed counts detect: {', '.join(parts)}."
 
 
 def cost_text(cell, base):

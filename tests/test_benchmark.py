@@ -436,6 +436,8 @@ def test_paired_statistics_holm_and_interaction_by_hand(tmp_path):
     # Power: n = 3, std .011547: the smallest difference found 80% of the time is
     # 3.264044 std (the noncentral t; simulated in test_significance.py).
     assert interaction["mde"] == pytest.approx(3.264044 * 0.011547, rel=1e-4)
+    # The same in units of the spread, for the one seed count planned: what the report quotes.
+    assert result["family"]["detectable_in_sd"] == {"3": pytest.approx(3.264044, rel=1e-4)}
     # The family: softmax-rope's gain (t = 1.7321), favor-absolute's gap (t = -3.4641),
     # favor-rope's gap to softmax-absolute (t = 1), to softmax-rope (t = -1), its gain
     # over favor-absolute (d = .02, .03, .03: t = 8) and the interaction (t = 2.5).
