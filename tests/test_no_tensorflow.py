@@ -1,4 +1,5 @@
-"""The JAX path on a machine without TensorFlow: train, kill, resume, evaluate, benchmark and report.
+"""The JAX path on a machine without TensorFlow: train, kill, resume, evaluate, benchmark and report,
+and scripts/gpu_run.sh, which stops in one line where JAX sees no GPU.
 
 Each command runs in a real process (the point is what it imports) with
 ``KERAS_BACKEND=jax`` and ``sys.modules["tensorflow"] = None``, so any
@@ -129,3 +130,15 @@ def test_data_parallel_over_two_devices_matches_one_device(tmp_path):
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert two["log_likelihood"] == pytest.approx(one["log_likelihood"], rel=1e-4)
     assert two["test_accuracy"] == pytest.approx(one["test_accuracy"], abs=2 / one["test_examples"])
+
+
+def test_gpu_run_stops_in_one_line_where_jax_sees_no_gpu(tmp_path):
+    # This CPU is such a machine: scripts/gpu_run.sh must stop before it installs or runs anything.
+    site = tmp_path / "site"
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # its python3 is this one
+    done = subprocess.run(["bash", "scripts/gpu_run.sh", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          env=environment(PATH=path, PERFORMER_SITE=str(site)))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "gpu_run.sh: JAX sees no GPU here; install a CUDA JAX first (README: Training on a GPU)"]
+    assert not site.exists()
