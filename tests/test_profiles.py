@@ -360,7 +360,10 @@ def test_precision_check_trains_each_variant_in_both_precisions(tmp_path):
     from profiles import precision
 
     settings = dict(precision.SETTINGS, size="tiny", limit=300, epochs=1, batch_size=32)
-    rows = precision.compare(["favor-kerple", "softmax-absolute"], settings=settings, log=lambda line: None)
+    # One variant, the one with the most float32 islands (FAVOR+ normaliser, FFT); each layer's own test
+    # already runs every mixed precision policy.
+    rows = precision.compare(["favor-kerple"], settings=settings, log=lambda line: None)
+    assert list(rows) == ["favor-kerple"]
     for row in rows.values():
         for name in precision.PRECISIONS:
             assert 0.0 <= row[name]["test_accuracy"] <= 1.0 and len(row[name]["loss"]) == 1
