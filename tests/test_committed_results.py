@@ -1,0 +1,53 @@
+"""The committed reports are what their commands write from the committed run folders.
+
+A report left behind by older code, or run folders committed without a new
+report, would show figures no command in the repository makes. Each profile's
+aggregate.json and README.md are remade here from `results/` (figures into a
+temporary folder, where no checkpoint is, as in a clone) and compared with the
+committed files, and the top-level README must end with the committed
+README_SECTION.md. A few seconds: nothing trains.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from experiments import aggregate, benchmark
+from experiments.benchmark_profiles import get_profile
+from experiments.report import write_readme_section, write_report
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = "results"  # relative, as the commands in each report name it
+PROFILES = sorted(path.parent.name for path in (REPO / RESULTS).glob("*/aggregate.json"))
+
+
+def remade(name):
+    """aggregate.json of profile `name` as `python -m experiments.report --profile name` makes it."""
+    profile = get_profile(name)
+    root = benchmark.profile_root(RESULTS, profile)
+    cells = benchmark.cells(benchmark.all_jobs(profile, RESULTS))
+    # Through JSON, as the command writes it: tuples become lists.
+    return json.loads(json.dumps(aggregate.aggregate(root, cells, **benchmark.report_header(profile, RESULTS))))
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_a_committed_report_is_what_its_command_writes(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    folder = REPO / RESULTS / name
+    aggregated = remade(name)
+    assert aggregated == json.loads((folder / "aggregate.json").read_text()), (
+        f"results/{name}/aggregate.json is stale: run python -m experiments.report --profile {name}")
+    readme = write_report(aggregated, tmp_path)
+    assert readme.read_text() == (folder / "README.md").read_text(), (
+        f"results/{name}/README.md is stale: run python -m experiments.report --profile {name}")
+
+
+def test_the_readme_ends_with_the_results_section_of_the_committed_reports(tmp_path):
+    for name in PROFILES:
+        (tmp_path / RESULTS / name).mkdir(parents=True)
+        shutil.copy(REPO / RESULTS / name / "aggregate.json", tmp_path / RESULTS / name)
+    section = write_readme_section(tmp_path / RESULTS).read_text()
+    assert section == (REPO / RESULTS / "README_SECTION.md").read_text()
+    assert (REPO / "README.md").read_text().endswith("\n" + section)
