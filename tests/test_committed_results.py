@@ -5,7 +5,7 @@ report, would show figures no command in the repository makes. Each profile's
 aggregate.json and README.md are remade here from `results/` (figures into a
 temporary folder, where no checkpoint is, as in a clone) and compared with the
 committed files, and the top-level README must end with the committed
-README_SECTION.md. A few seconds: nothing trains.
+README_SECTION.md; the pilots' summary likewise. A few seconds: nothing trains.
 """
 
 import json
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import aggregate, benchmark
-from experiments.benchmark_profiles import get_profile
+from experiments import aggregate, benchmark, pilots
+from experiments.benchmark_profiles import PILOTS, get_profile
 from experiments.report import write_readme_section, write_report
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,3 +51,13 @@ def test_the_readme_ends_with_the_results_section_of_the_committed_reports(tmp_p
     section = write_readme_section(tmp_path / RESULTS).read_text()
     assert section == (REPO / RESULTS / "README_SECTION.md").read_text()
     assert (REPO / "README.md").read_text().endswith("\n" + section)
+
+
+def test_the_committed_pilot_summary_is_what_its_command_writes():
+    root = REPO / RESULTS / pilots.PILOT_ROOT
+    summaries = [pilots.summarize_pilot(root, setting) for setting in PILOTS if (root / setting).is_dir()]
+    singles = pilots.single_runs(root, PILOTS)
+    assert summaries, "no committed pilots"
+    assert json.loads(json.dumps({"pilots": summaries, "single_runs": singles})) == json.loads(
+        (root / "pilots.json").read_text()), "results/cpu-pilots/pilots.json is stale: run python -m experiments.pilots"
+    assert pilots.render(summaries, singles) == (root / "README.md").read_text()
