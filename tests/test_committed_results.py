@@ -5,10 +5,12 @@ report, would show figures no command in the repository makes. Each profile's
 aggregate.json and README.md are remade here from `results/` (figures into a
 temporary folder, where no checkpoint is, as in a clone) and compared with the
 committed files, and the top-level README must end with the committed
-README_SECTION.md; the pilots' summary likewise. A few seconds: nothing trains.
+README_SECTION.md; the pilots' summary likewise. The README's own summary of
+the cpu table may quote only numbers its report holds. A few seconds: nothing trains.
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -61,3 +63,20 @@ def test_the_committed_pilot_summary_is_what_its_command_writes():
     assert json.loads(json.dumps({"pilots": summaries, "single_runs": singles})) == json.loads(
         (root / "pilots.json").read_text()), "results/cpu-pilots/pilots.json is stale: run python -m experiments.pilots"
     assert pilots.render(summaries, singles) == (root / "README.md").read_text()
+
+
+# Quoted in the README's summary of the cpu table but not from its report: the earlier one-seed study's gap
+# (softmax 77.67% against FAVOR+ 72.25% on CIFAR-10, issue 16), the study this table is built to check.
+NOT_FROM_THE_REPORT = {"5.4"}
+
+
+def test_the_readme_summary_of_the_cpu_table_quotes_its_report():
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("### What the `cpu` table says so far")
+    summary = readme[start:readme.index("## Results\n", start)]
+    report = (REPO / RESULTS / "cpu" / "README.md").read_text()
+    quoted = set(re.findall(r"[+-]?\d+\.\d+", summary)) - NOT_FROM_THE_REPORT
+    missing = sorted(number for number in quoted if number not in report)
+    assert quoted and not missing, f"the README quotes numbers results/cpu/README.md lacks: {missing}"
+    runs = json.loads((REPO / RESULTS / "cpu" / "aggregate.json").read_text())["runs"]
+    assert f"{runs['finished']} of the {runs['planned']} planned runs" in summary
