@@ -26,9 +26,7 @@ from pathlib import Path
 
 from experiments.cli import parser, start_backend
 
-# A command's module: Keras starts before the imports below load it, with TensorFlow's start-up
-# log dropped (`start_backend`), so that a bad argument is still one line on stderr.
-start_backend()
+start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
 import keras
 import numpy as np
