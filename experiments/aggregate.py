@@ -23,7 +23,9 @@ metrics.json) of every planned cell and returns one JSON-ready dict:
 * the 2 x 2 of position (absolute, kerple) x q/k normalisation where the
   normalize_qk rows complete it (`normalization_contrasts`): the position's
   effect at a fixed normalisation, the normalisation's at a fixed position,
-  and the gap closed by kerple within each normalisation.
+  and the gap closed by kerple within each normalisation;
+* what the finished runs cost: hours of training epochs per dataset and per
+  device and XLA setting (`compute_time`).
 
 The statistics are `significance.py` (paired t, Holm over the family of
 main-table comparisons, minimum detectable difference, test-set sampling error).
@@ -35,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import atomic, significance
-from experiments.history import validation_curve
+from experiments.history import read_history, validation_curve
 from experiments.run_config import EXECUTION_FIELDS
 from performer_keras.registry import main_kernels, normalizes_qk
 
@@ -130,7 +132,7 @@ def aggregate_cell(root, cell):
     seeds without metrics.json are listed as missing. Configs that differ in
     more than the seed are flagged in "mixed_config" (never silently averaged).
     """
-    runs, configs, curves, commits, xla = {}, {}, [], {}, {}
+    runs, configs, curves, commits, xla, minutes = {}, {}, [], {}, {}, {}
     for seed, folder in sorted(seed_folders(Path(root) / cell["directory"]).items()):
         try:
             metrics = json.loads((folder / "metrics.json").read_text())
@@ -142,6 +144,7 @@ def aggregate_cell(root, cell):
         commits[str(seed)] = list(dict.fromkeys(str(session.get("commit")) for session in sessions))
         xla[str(seed)] = ran_with_xla(configs[seed], sessions)
         curves.append(validation_curve(folder / "history.csv"))
+        minutes[str(seed)] = sum(float(row["epoch_seconds"]) for row in read_history(folder / "history.csv")) / 60
     result = dict(cell)
     result["seeds"] = {"planned": list(cell["seeds"]), "finished": sorted(runs),
                        "missing": [s for s in cell["seeds"] if s not in runs]}
@@ -149,6 +152,7 @@ def aggregate_cell(root, cell):
     result["commits"] = commits
     result["jit_compile"] = xla
     result["timed_on"] = timing_groups(runs, xla)
+    result["epoch_minutes"] = minutes
     # init_from names the same seed's checkpoint, so it differs by design.
     shared = [{k: v for k, v in config.items() if k not in ("seed", "init_from", *EXECUTION_FIELDS)}
               for config in configs.values()]
@@ -372,6 +376,38 @@ def detectable_in_sd(cells):
     return {str(n): significance.minimum_detectable_difference(1.0, n) for n in counts}
 
 
+def compute_time(cells):
+    """What the finished runs cost: per dataset, per (device, XLA) group, runs, hours and minutes per run.
+
+    A run's minutes are the sum of its history.csv's epoch_seconds: the
+    training epochs only (compilation, evaluation and checkpoints are not
+    counted), over every session that trained it. A run shared by two cells
+    counts once. Returns {dataset: {"runs", "hours", "groups": [{"device",
+    "jit_compile", "runs", "hours", "minutes": {"min", "median", "max"}}]}},
+    largest group first.
+    """
+    runs = {}
+    for cell in cells:
+        for seed, minutes in cell["epoch_minutes"].items():
+            key = f"{cell['directory']}/seed{seed}"
+            runs[key] = (cell["dataset"], cell["per_seed"][seed]["device"], cell["jit_compile"][seed], minutes)
+    result = {}
+    for dataset in dict.fromkeys(run[0] for run in runs.values()):
+        groups = {}
+        for run_dataset, device, jit, minutes in runs.values():
+            if run_dataset == dataset:
+                groups.setdefault((device, jit), []).append(minutes)
+        ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), str(item[0])))
+        result[dataset] = {
+            "runs": sum(len(values) for values in groups.values()),
+            "hours": sum(sum(values) for values in groups.values()) / 60,
+            "groups": [{"device": device, "jit_compile": jit, "runs": len(values), "hours": sum(values) / 60,
+                        "minutes": {"min": min(values), "median": float(np.median(values)), "max": max(values)}}
+                       for (device, jit), values in ordered],
+        }
+    return result
+
+
 def aggregate(root, cells, **header):
     """Aggregate `cells` (see `aggregate_cell`) of the results folder `root`.
 
@@ -381,7 +417,7 @@ def aggregate(root, cells, **header):
         **header: extra JSON fields (profile, commands, ...).
 
     Returns: {**header, "confidence", "runs": {"planned", "finished", "missing"},
-    "devices", "backends", "cells": [...]}.
+    "devices", "backends", "normalization", "compute", "cells": [...]}.
     """
     aggregated = add_comparisons([aggregate_cell(root, cell) for cell in cells])
     family_size = adjust_family(aggregated)
@@ -407,6 +443,7 @@ def aggregate(root, cells, **header):
         "devices": sorted({v["device"] for v in per_seed if v["device"]}),
         "backends": sorted({v["backend"] for v in per_seed if v["backend"]}),
         "normalization": normalization_contrasts(aggregated),
+        "compute": compute_time(aggregated),
         "cells": aggregated,
     }
 

@@ -23,8 +23,8 @@ result, and `--workers N` trains N queued runs at once in N processes (each its
 share of the accelerator's memory: runs at these sizes are far too small to fill
 a GPU; keep 1 on a CPU). `--max-minutes T` suits a time-limited slot (a batch job, a rented GPU
 hour): a run starts only if the time left covers its expected time (its epochs
-times the slowest epoch of the finished runs of its dataset and variant, or of
-its dataset when that row has none), so the slot ends with finished folders only; `--archive
+times the slowest epoch of the finished runs of its own row, else of its
+variant's main-table row, else of its dataset), so the slot ends with finished folders only; `--archive
 FILE.tar.gz` then packs the finished run folders (without checkpoints) for the
 trip home, where unpacking them into the results folder adds them to the table.
 Each ablation run whose settings equal a variant row's (m = the profile's m)
@@ -41,6 +41,7 @@ Exit status: 0 when every queued run is finished or was left for lack of time
 
 import dataclasses
 import os
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -207,24 +208,58 @@ def is_finished(job, root):
     return (job.folder(root) / "metrics.json").is_file()
 
 
-def expected_seconds(job, root):
-    """Seconds `job` still needs, from the slowest epoch of finished runs like it; None without any.
+def expected_seconds(job, root, statistic=max):
+    """Seconds `job` still needs, from the epochs of finished runs like it; None without any.
 
-    Runs of the same dataset and variant are asked first, then any finished
-    run of the dataset; epochs the run already has (a resumed run) are not
-    counted again.
+    Runs of the job's own cell are asked first, then the variant's main-table
+    row (an ablation of it costs about as much), then any finished row of the
+    dataset; epochs the run already has (a resumed run) are not
+    counted again. `statistic` of their epoch times is the time per epoch:
+    the slowest (the default) for a deadline that must not be overrun, the
+    median for a forecast (a paused or crowded run's epochs inflate the slowest).
     """
-    def slowest_epoch(folders):
+    def per_epoch_of(folders):
         seconds = [float(row["epoch_seconds"]) for folder in folders if (folder / "metrics.json").is_file()
                    for row in read_history(folder / "history.csv")]
-        return max(seconds, default=None)
+        return statistic(seconds) if seconds else None
 
-    cell = job.folder(root).parent
-    per_epoch = slowest_epoch(cell.glob("seed*")) or slowest_epoch(cell.parent.glob("*/seed*"))
+    rows = Path(root) / "runs" / job.dataset
+    per_epoch = (per_epoch_of(job.folder(root).parent.glob("seed*")) or per_epoch_of((rows / job.variant).glob("seed*"))
+                 or per_epoch_of(rows.glob("*/seed*")))
     if per_epoch is None:
         return None
     done = len(read_history(job.folder(root) / "history.csv"))
     return per_epoch * (job.config.epochs - done)
+
+
+def list_queue(jobs, root, log=print):
+    """Print each run's state, the queued runs' expected minutes and their sum.
+
+    The forecast is `expected_seconds` at the median epoch of the finished
+    runs like each, so it holds for the machine and load those runs had.
+    """
+    left, unknown = 0.0, 0
+    for job in jobs:
+        if is_finished(job, root):
+            log(f"finished  {job.folder(root)}")
+            continue
+        needed = expected_seconds(job, root, statistics.median)
+        if needed is None:
+            unknown += 1
+        else:
+            left += needed
+        log(f"queued    {job.folder(root)}" + ("" if needed is None else f"  (about {needed / 60:.0f} min)"))
+    finished = sum(is_finished(job, root) for job in jobs)
+    line = f"{finished} of {len(jobs)} runs finished"
+    if finished == len(jobs):
+        line += "; the queue is complete"
+    else:
+        line += (f"; the {len(jobs) - finished - unknown} queued runs with a forecast need about {left / 3600:.1f} "
+                 "hours of training epochs (each at the median epoch of the finished runs of its row, else of its "
+                 "variant's main-table row, else of its dataset)")
+        if unknown:
+            line += f"; {unknown} have no finished run to estimate from"
+    log(line)
 
 
 def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None):
@@ -389,10 +424,7 @@ def run(args, argv=()):
         index, count = args.shard
         jobs = jobs[index::count]
     if args.list:
-        for job in jobs:
-            print(f"{'finished' if is_finished(job, root) else 'queued  '}  {job.folder(root)}")
-        finished = sum(is_finished(job, root) for job in jobs)
-        print(f"{finished} of {len(jobs)} runs finished" + ("; the queue is complete" if finished == len(jobs) else ""))
+        list_queue(jobs, root)
         return 0
     if args.workers > 1:
         status = run_workers(argv, args.workers)

@@ -296,20 +296,18 @@ def cpu():
     Command (2-core CPU, TensorFlow, the default backend):
         python -m experiments.benchmark --profile cpu
         python -m experiments.report --profile cpu
-    Expected time, from the committed runs (results/cpu/runs/*/history.csv):
-        with XLA and the CPU mostly to itself, a CIFAR-10 run's median epoch
-        took 15-20 s for the string and kerple rows, about 26 s for rope and
-        30 s for relu-kerple, 10-25 minutes a run; the first 13 runs, without
-        XLA and often beside other work, took 19-161 minutes. The 36
-        CIFAR-10 runs of the main table took 22.3 hours of training epochs in
-        all. MNIST's first 12 runs (55,000 images, 50 tokens) took 13-29
-        minutes of epochs, median 19 (median epoch 19-43 s, the slow ones
-        beside tests or profiles): the 39 runs that remain at 48 of 108
-        before seeds 3 and 4 (27 MNIST, 12 normalisation) take about 9-16
-        hours, and the 24 runs of CIFAR-10's seeds 3 and 4 about 7 more;
-        the whole table costs two to three times the 18 hours issue 16
-        allowed, because 40 epochs were needed for 65% on CIFAR-10 and for
-        98.5% on MNIST.
+    Expected time, from the committed runs: the report's "Compute" section
+        sums their history.csv epochs per dataset, device and XLA setting,
+        and `--list` forecasts each queued run from the median epoch of the
+        finished runs like it. At 54 of 108 runs the 36 CIFAR-10 runs of the
+        main table had taken 22.3 hours of training epochs (with XLA on the
+        EPYC 10-84 minutes a run, median 17; the 13 without XLA, often
+        beside other work, 19-161), and MNIST's 18 runs (55,000 images, 50
+        tokens) 5.8 hours, 13-28 minutes a run, median 19; `--list`
+        forecast 22.0 hours for the 54 runs left (18 MNIST, 12
+        normalisation, 24 CIFAR-10 seeds 3 and 4). The whole table costs
+        two to three times the 18 hours issue 16 allowed, because 40 epochs
+        were needed for 65% on CIFAR-10 and for 98.5% on MNIST.
         Resumable: each session adds to the same folders.
     Expected accuracy: softmax-absolute reached 67.04%, 65.63% and 66.76%
         test accuracy on CIFAR-10 and 98.62%, 98.71% and 99.02% on MNIST

@@ -425,6 +425,29 @@ def missing_lines(aggregated):
     return lines
 
 
+def compute_lines(aggregated):
+    """The "Compute" section: hours of training epochs the finished runs took, per dataset and device."""
+    compute = aggregated.get("compute") or {}
+    if not compute:
+        return []
+    lines = ["## Compute", "",
+             "Hours of training epochs of the finished runs, and minutes per run (min / median / max): the sum of "
+             "each run's `history.csv` epoch_seconds over every session that trained it, so compilation, evaluation "
+             "and checkpoints are not counted, and neither is an epoch a stop cut short. Grouped by device and XLA "
+             "setting, which set the speed; runs beside other work on the same machine are slower.", "",
+             "| dataset | device, XLA | runs | hours | minutes per run |", "|---|---|---|---|---|"]
+    for dataset, summary in compute.items():
+        for group in summary["groups"]:
+            minutes = group["minutes"]
+            lines.append(f"| {dataset_name(dataset)} | {_group_text(group['device'], group['jit_compile'])} | "
+                         f"{group['runs']} | {group['hours']:.1f} | {minutes['min']:.0f} / {minutes['median']:.0f} / "
+                         f"{minutes['max']:.0f} |")
+        lines.append(f"| {dataset_name(dataset)} | all | {summary['runs']} | {summary['hours']:.1f} | |")
+    total = sum(summary["hours"] for summary in compute.values())
+    return lines + ["", f"All datasets: {sum(s['runs'] for s in compute.values())} runs, {total:.1f} hours of "
+                        "training epochs.", ""]
+
+
 def _device_line(aggregated):
     devices = ", ".join(aggregated["devices"]) or "none yet"
     backends = ", ".join(aggregated["backends"]) or "none yet"
@@ -484,6 +507,7 @@ def render(aggregated, figures):
             lines += ["Extra rows (exp: deterministic exponential features; linformer: learned sequence projection):", ""]
             lines += detail_table(extra) + [""]
     lines += ablation_lines(aggregated)
+    lines += compute_lines(aggregated)
     lines += ["## Figures", ""]
     for dataset in datasets:
         for name, title in (("pareto", "Accuracy against inference latency"),

@@ -226,8 +226,8 @@ def fake_run(folder, config, accuracy, val_curve, test_examples=None, device="cp
     (folder / "metrics.json").write_text(json.dumps(metrics))
     with open(folder / "history.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["epoch", "accuracy", "val_accuracy"])
-        writer.writerows([epoch, v, v] for epoch, v in enumerate(val_curve))
+        writer.writerow(["epoch", "accuracy", "val_accuracy", "epoch_seconds"])
+        writer.writerows([epoch, v, v, metrics["train_seconds_per_epoch"]] for epoch, v in enumerate(val_curve))
 
 
 def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
@@ -320,6 +320,18 @@ def test_timings_compare_only_between_runs_of_one_device_and_xla_setting(tmp_pat
     assert "| 5.0 | 1.000 | 0.100 | cpu: A, no XLA (2/3) |" in readme  # favor-absolute, without seed 2's 10 ms
     assert ("Latency: the runs on cpu: A, no XLA; left out, with no run timed there: favor-rope, relu-rope."
             in readme)
+    # One epoch each of 5 s x latency: on A, 8 runs of 5 s and relu-absolute's 3 of 10 s; on B, favor-absolute
+    # seed 2's 50 s, favor-rope's 3 of 150 s and relu-rope's 3 of 15 s.
+    compute = result["compute"]["mnist"]
+    assert (compute["runs"], compute["hours"]) == (18, pytest.approx((70 + 545) / 3600))
+    assert compute["groups"] == [
+        {"device": "cpu: A", "jit_compile": False, "runs": 11, "hours": pytest.approx(70 / 3600),
+         "minutes": {"min": pytest.approx(5 / 60), "median": pytest.approx(5 / 60), "max": pytest.approx(10 / 60)}},
+        {"device": "cpu: B", "jit_compile": True, "runs": 7, "hours": pytest.approx(545 / 3600),
+         "minutes": {"min": pytest.approx(15 / 60), "median": pytest.approx(50 / 60), "max": pytest.approx(2.5)}},
+    ]
+    assert "| MNIST | cpu: B, XLA | 7 | 0.2 | 0 / 1 / 2 |" in readme
+    assert "All datasets: 18 runs, 0.2 hours of training epochs." in readme
 
 
 def test_a_run_left_to_the_default_counts_as_xla_by_what_its_sessions_recorded(tmp_path):
@@ -495,6 +507,25 @@ def test_max_minutes_starts_only_runs_the_time_left_can_finish_and_archive_packs
         names = sorted(tar.getnames())
     assert names == sorted(str(job.folder(root).relative_to(root) / name)
                            for job in (first, third) for name in ("history.csv", "metrics.json"))
+
+
+def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tmp_path):
+    profile = get_profile("tiny")  # 1 epoch per run; softmax-absolute and favor-absolute, seeds 0 and 1
+    jobs = benchmark.plan(profile, tmp_path)
+    root = benchmark.profile_root(tmp_path, profile)
+    first, second, third, fourth = jobs
+    _fake_finished_run(first.folder(root), [600.0, 1200.0, 6000.0])  # the slowest epoch was paused
+    # An ablation of a variant without a finished run of its own is forecast from the variant's row.
+    ablation = dataclasses.replace(third, variant=first.variant, cell=f"ablations/x/{first.dataset}/{first.variant}-x")
+    assert benchmark.expected_seconds(ablation, root) == 6000.0
+    assert benchmark.expected_seconds(ablation, root, statistics.median) == 1200.0
+    lines = []
+    benchmark.list_queue(jobs, root, log=lines.append)
+    assert lines[:2] == [f"finished  {first.folder(root)}", f"queued    {second.folder(root)}  (about 20 min)"]
+    assert lines[-1].startswith("1 of 4 runs finished; the 3 queued runs with a forecast need about 1.0 hours")
+    lines.clear()
+    benchmark.list_queue([first], root, log=lines.append)
+    assert lines[-1] == "1 of 1 runs finished; the queue is complete"
 
 
 @pytest.mark.slow
