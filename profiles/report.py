@@ -358,12 +358,15 @@ def write_summary(result_dir):
     result_dir = Path(result_dir)
     manifest, bench, scaling = load_results(result_dir)
     header = (bench or scaling or [{}])[0]
+    # The date of the newest measurement, not of the writing: the summary is a function of its JSON files.
+    finished = max((run["finished"] for run in manifest.get("runs", []) if run.get("finished")), default=None)
+    measured = f", the newest measured on {finished[:10]}" if finished else ""
     lines = [
         f"# Cost profiles: {header.get('device', '?')}, Keras backend {header.get('backend', '?')}",
         "",
         f"Keras {header.get('keras_version', '?')}, {header.get('backend', '?')} "
-        f"{header.get('backend_version', '?')}. Written by `profiles/report.py` on "
-        f"{datetime.date.today().isoformat()} from the JSON files beside it. Produced by:",
+        f"{header.get('backend_version', '?')}. Written by `profiles/report.py` (`python -m profiles "
+        f"--report-only`) from the JSON files beside it{measured}. Produced by:",
         "",
     ]
     for run in manifest.get("runs", []):

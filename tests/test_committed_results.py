@@ -5,8 +5,9 @@ report, would show figures no command in the repository makes. Each profile's
 aggregate.json and README.md are remade here from `results/` (figures into a
 temporary folder, where no checkpoint is, as in a clone) and compared with the
 committed files, and the top-level README must end with the committed
-README_SECTION.md; the pilots' summary likewise. The README's own summary of
-the cpu table may quote only numbers its report holds. A few seconds: nothing trains.
+README_SECTION.md; the pilots' summary and the cost profiles' summary.md
+likewise. The README's own summary of the cpu table may quote only numbers its
+report holds. Seconds: nothing trains.
 """
 
 import json
@@ -19,10 +20,12 @@ import pytest
 from experiments import aggregate, benchmark, pilots
 from experiments.benchmark_profiles import PILOTS, get_profile
 from experiments.report import write_readme_section, write_report
+from profiles.report import write_summary
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = "results"  # relative, as the commands in each report name it
 PROFILES = sorted(path.parent.name for path in (REPO / RESULTS).glob("*/aggregate.json"))
+COST_SUMMARIES = sorted(str(path.parent.relative_to(REPO)) for path in (REPO / "profiles/results").rglob("summary.md"))
 
 
 def remade(name):
@@ -63,6 +66,15 @@ def test_the_committed_pilot_summary_is_what_its_command_writes():
     assert json.loads(json.dumps({"pilots": summaries, "single_runs": singles})) == json.loads(
         (root / "pilots.json").read_text()), "results/cpu-pilots/pilots.json is stale: run python -m experiments.pilots"
     assert pilots.render(summaries, singles) == (root / "README.md").read_text()
+
+
+@pytest.mark.parametrize("folder", COST_SUMMARIES)
+def test_a_committed_cost_summary_is_what_its_command_writes(folder, tmp_path):
+    # A copy, because the summary's plots are drawn beside it.
+    copy = shutil.copytree(REPO / folder, tmp_path / "profile")
+    assert write_summary(copy).read_text() == (REPO / folder / "summary.md").read_text(), (
+        f"{folder}/summary.md is stale: run python -c \"from profiles.report import write_summary; "
+        f"write_summary('{folder}')\" (python -m profiles --report-only remakes this machine's folder only)")
 
 
 # Quoted in the README's summary of the cpu table but not from its report: the earlier one-seed study's gap
