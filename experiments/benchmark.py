@@ -2,7 +2,7 @@
 
     KERAS_BACKEND=jax python -m experiments.benchmark --profile small
     python -m experiments.benchmark --profile small --variants favor-rope relu-rope --seeds 0 1 2 3
-    python -m experiments.benchmark --profile small --list       # the queue and what is finished
+    python -m experiments.benchmark --profile small --list       # the queue, what is finished, hours left
     python -m experiments.report --profile small                 # results/small/README.md
 
 Every run goes through `training.train`, the code behind train.py, into its
@@ -232,33 +232,66 @@ def expected_seconds(job, root, statistic=max):
     return per_epoch * (job.config.epochs - done)
 
 
-def list_queue(jobs, root, log=print):
-    """Print each run's state, the queued runs' expected minutes and their sum.
+FORECAST_BASIS = ("each queued run at the median epoch of the finished runs of its row, else of its variant's "
+                  "main-table row, else of its dataset")
 
-    The forecast is `expected_seconds` at the median epoch of the finished
-    runs like each, so it holds for the machine and load those runs had.
+
+def forecast_part(job, profile):
+    """The part of the queue a job belongs to in the forecast: (dataset, "main table" | "more seeds" | experiment)."""
+    if job.experiment != "variants":
+        return job.dataset, job.experiment
+    return job.dataset, "main table" if job.seed in profile.seeds else "more seeds"
+
+
+def forecast(jobs, root, profile):
+    """Minutes of training epochs each queued run of `jobs` needs, and their sums per part of the queue.
+
+    Returns {"basis", "runs", "hours", "without_forecast", "parts": [{"dataset",
+    "part", "runs", "hours", "without_forecast"}], "minutes": {folder: minutes
+    or None}}, parts in queue order; `expected_seconds` at the median epoch,
+    so it holds for the machine and load the finished runs had.
     """
-    left, unknown = 0.0, 0
-    for job in jobs:
+    minutes, parts = {}, {}
+    for job in unique_runs(jobs, root):
         if is_finished(job, root):
-            log(f"finished  {job.folder(root)}")
             continue
-        needed = expected_seconds(job, root, statistics.median)
-        if needed is None:
-            unknown += 1
+        seconds = expected_seconds(job, root, statistics.median)
+        minutes[str(job.folder(root).relative_to(root))] = None if seconds is None else seconds / 60
+        part = parts.setdefault(forecast_part(job, profile), {"runs": 0, "hours": 0.0, "without_forecast": 0})
+        part["runs"] += 1
+        if seconds is None:
+            part["without_forecast"] += 1
         else:
-            left += needed
-        log(f"queued    {job.folder(root)}" + ("" if needed is None else f"  (about {needed / 60:.0f} min)"))
-    finished = sum(is_finished(job, root) for job in jobs)
+            part["hours"] += seconds / 3600
+    return {
+        "basis": FORECAST_BASIS,
+        "runs": len(minutes),
+        "hours": sum(part["hours"] for part in parts.values()),
+        "without_forecast": sum(part["without_forecast"] for part in parts.values()),
+        "parts": [{"dataset": dataset, "part": name, **part} for (dataset, name), part in parts.items()],
+        "minutes": minutes,
+    }
+
+
+def list_queue(jobs, root, profile, log=print):
+    """Print each run's state, the queued runs' forecast minutes (`forecast`) and their sum."""
+    left = forecast(jobs, root, profile)
+    for job in jobs:
+        folder = job.folder(root)
+        if is_finished(job, root):
+            log(f"finished  {folder}")
+            continue
+        minutes = left["minutes"][str(folder.relative_to(root))]
+        log(f"queued    {folder}" + ("" if minutes is None else f"  (about {minutes:.0f} min)"))
+    finished = len(jobs) - left["runs"]
     line = f"{finished} of {len(jobs)} runs finished"
-    if finished == len(jobs):
+    if not left["runs"]:
         line += "; the queue is complete"
     else:
-        line += (f"; the {len(jobs) - finished - unknown} queued runs with a forecast need about {left / 3600:.1f} "
-                 "hours of training epochs (each at the median epoch of the finished runs of its row, else of its "
-                 "variant's main-table row, else of its dataset)")
-        if unknown:
-            line += f"; {unknown} have no finished run to estimate from"
+        line += (f"; the {left['runs'] - left['without_forecast']} queued runs with a forecast need about "
+                 f"{left['hours']:.1f} hours of training epochs ({left['basis']})")
+        if left["without_forecast"]:
+            line += f"; {left['without_forecast']} have no finished run to forecast from"
     log(line)
 
 
@@ -323,19 +356,21 @@ def commands(profile, results_dir):
     }
 
 
-def report_header(profile, results_dir):
-    """What aggregate.json says about the profile besides the runs."""
+def report_header(profile, results_dir, jobs=None):
+    """What aggregate.json says about the profile besides the runs; `jobs` (default its whole queue) are forecast."""
+    jobs = all_jobs(profile, results_dir) if jobs is None else jobs
     return dict(profile=profile.name, doc=profile.doc, commands=commands(profile, results_dir),
                 settings=profile.settings, epochs=profile.epochs, seeds=list(profile.seeds),
                 more_seeds={dataset: list(seeds) for dataset, seeds in profile.more_seeds.items()},
                 pipeline_check=profile.pipeline_check,
-                ablation_seeds=list(profile.ablation_seeds or profile.seeds))
+                ablation_seeds=list(profile.ablation_seeds or profile.seeds),
+                forecast=forecast(jobs, profile_root(results_dir, profile), profile))
 
 
 def write_aggregate(profile, results_dir, selected=()):
     """Aggregate the profile's whole queue (plus `selected`) into results/<profile>/aggregate.json."""
-    return aggregate_cells(profile_root(results_dir, profile), cells(all_jobs(profile, results_dir, selected)),
-                 **report_header(profile, results_dir))
+    jobs = all_jobs(profile, results_dir, selected)
+    return aggregate_cells(profile_root(results_dir, profile), cells(jobs), **report_header(profile, results_dir, jobs))
 
 
 def selected_jobs(args, profile):
@@ -424,7 +459,7 @@ def run(args, argv=()):
         index, count = args.shard
         jobs = jobs[index::count]
     if args.list:
-        list_queue(jobs, root)
+        list_queue(jobs, root, profile)
         return 0
     if args.workers > 1:
         status = run_workers(argv, args.workers)

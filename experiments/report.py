@@ -425,12 +425,29 @@ def missing_lines(aggregated):
     return lines
 
 
+FORECAST_PARTS = {"main table": "main table", "more seeds": "seeds beyond the main table's",
+                  "init_from": "init-from ablation", "num_features": "num_features ablation",
+                  "normalize_qk": "q/k normalisation ablation"}
+
+
+def forecast_lines(forecast):
+    """What the queued runs need, per part of the queue ([] when none is queued)."""
+    if not forecast or not forecast["runs"]:
+        return []
+    parts = [f"{dataset_name(part['dataset'])} {FORECAST_PARTS.get(part['part'], part['part'])}: {part['runs']} runs, "
+             f"{part['hours']:.1f} hours" + (f" ({part['without_forecast']} without a forecast)"
+                                              if part["without_forecast"] else "")
+             for part in forecast["parts"]]
+    return [f"Forecast for the {forecast['runs']} queued runs: about {forecast['hours']:.1f} hours of training "
+            f"epochs ({forecast['basis']}; `--list` gives each run's): {'; '.join(parts)}.", ""]
+
+
 def compute_lines(aggregated):
     """The "Compute" section: hours of training epochs the finished runs took, per dataset and device."""
     compute = aggregated.get("compute") or {}
     if not compute:
         return []
-    lines = ["## Compute", "",
+    lines = ["## Compute", "", *forecast_lines(aggregated.get("forecast")),
              "Hours of training epochs of the finished runs, and minutes per run (min / median / max): the sum of "
              "each run's `history.csv` epoch_seconds over every session that trained it, so compilation, evaluation "
              "and checkpoints are not counted, and neither is an epoch a stop cut short. Grouped by device and XLA "

@@ -163,6 +163,11 @@ def test_more_seeds_run_after_the_whole_queue_and_join_their_rows(tmp_path):
         ("mnist", s) for s in range(3)] + [("cifar10", 3), ("cifar10", 4)]
     header = benchmark.report_header(profile, tmp_path)
     assert header["more_seeds"] == {"cifar10": [3, 4]}
+    # Nothing finished: every run is queued without a forecast, and the further seeds are a part of their own.
+    assert [(part["dataset"], part["part"], part["runs"], part["without_forecast"])
+            for part in header["forecast"]["parts"]] == [
+        ("cifar10", "main table", 36, 36), ("mnist", "main table", 36, 36), ("cifar10", "normalize_qk", 12, 12),
+        ("cifar10", "more seeds", 24, 24)]
     section = report.render_readme_section([({**header, "runs": {"planned": 108, "finished": 0, "missing": []},
                                         "cells": []}, "cpu/README.md")])
     assert "seeds 0, 1, 2; CIFAR-10 also 3, 4, queued last" in section
@@ -520,11 +525,19 @@ def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tm
     assert benchmark.expected_seconds(ablation, root) == 6000.0
     assert benchmark.expected_seconds(ablation, root, statistics.median) == 1200.0
     lines = []
-    benchmark.list_queue(jobs, root, log=lines.append)
+    benchmark.list_queue(jobs, root, profile, log=lines.append)
     assert lines[:2] == [f"finished  {first.folder(root)}", f"queued    {second.folder(root)}  (about 20 min)"]
     assert lines[-1].startswith("1 of 4 runs finished; the 3 queued runs with a forecast need about 1.0 hours")
+    # The same forecast, per part of the queue, reaches aggregate.json and the report.
+    left = benchmark.report_header(profile, tmp_path)["forecast"]
+    assert (left["runs"], left["hours"], left["without_forecast"]) == (3, 1.0, 0)
+    assert left["parts"] == [{"dataset": "mnist", "part": "main table", "runs": 3, "hours": 1.0, "without_forecast": 0}]
+    assert left["minutes"][str(second.folder(root).relative_to(root))] == 20.0
+    assert report.forecast_lines(left)[0].startswith(
+        "Forecast for the 3 queued runs: about 1.0 hours of training epochs (each queued run at the median epoch")
+    assert report.forecast_lines(left)[0].endswith("`--list` gives each run's): MNIST main table: 3 runs, 1.0 hours.")
     lines.clear()
-    benchmark.list_queue([first], root, log=lines.append)
+    benchmark.list_queue([first], root, profile, log=lines.append)
     assert lines[-1] == "1 of 1 runs finished; the queue is complete"
 
 
