@@ -514,7 +514,7 @@ def test_max_minutes_starts_only_runs_the_time_left_can_finish_and_archive_packs
                            for job in (first, third) for name in ("history.csv", "metrics.json"))
 
 
-def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tmp_path):
+def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tmp_path, capsys):
     profile = get_profile("tiny")  # 1 epoch per run; softmax-absolute and favor-absolute, seeds 0 and 1
     jobs = benchmark.plan(profile, tmp_path)
     root = benchmark.profile_root(tmp_path, profile)
@@ -539,6 +539,11 @@ def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tm
     lines.clear()
     benchmark.list_queue([first], root, profile, log=lines.append)
     assert lines[-1] == "1 of 1 runs finished; the queue is complete"
+    # The command prints the same, and writes nothing.
+    assert benchmark.main(["--profile", "tiny", "--results-dir", str(tmp_path), "--list"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1] == f"queued    {second.folder(root)}  (about 20 min)" and printed[-1].startswith("1 of 4 runs")
+    assert not (root / "aggregate.json").exists()
 
 
 @pytest.mark.slow
