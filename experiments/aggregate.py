@@ -143,8 +143,9 @@ def aggregate_cell(root, cell):
         sessions = read_sessions(folder)
         commits[str(seed)] = list(dict.fromkeys(str(session.get("commit")) for session in sessions))
         xla[str(seed)] = ran_with_xla(configs[seed], sessions)
-        curves.append(validation_curve(folder / "history.csv"))
-        minutes[str(seed)] = sum(float(row["epoch_seconds"]) for row in read_history(folder / "history.csv")) / 60
+        history = read_history(folder / "history.csv")
+        curves.append(validation_curve(history))
+        minutes[str(seed)] = sum(float(row["epoch_seconds"]) for row in history) / 60
     result = dict(cell)
     result["seeds"] = {"planned": list(cell["seeds"]), "finished": sorted(runs),
                        "missing": [s for s in cell["seeds"] if s not in runs]}

@@ -20,9 +20,9 @@ def read_history(path):
         return list(csv.DictReader(f))
 
 
-def validation_curve(path):
-    """(epochs, val_accuracy) of a history CSV; 1-based epochs, empty if missing."""
-    rows = [row for row in read_history(path) if row.get("val_accuracy")]
+def validation_curve(rows):
+    """(epochs, val_accuracy) of `read_history`'s rows; 1-based epochs, epochs without validation left out."""
+    rows = [row for row in rows if row.get("val_accuracy")]
     return [int(row["epoch"]) + 1 for row in rows], [float(row["val_accuracy"]) for row in rows]
 
 
