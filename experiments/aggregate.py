@@ -24,8 +24,8 @@ metrics.json) of every planned cell and returns one JSON-ready dict:
   normalize_qk rows complete it (`normalization_contrasts`): the position's
   effect at a fixed normalisation, the normalisation's at a fixed position,
   and the gap closed by kerple within each normalisation;
-* what the finished runs cost: hours of training epochs per dataset and per
-  device and XLA setting (`compute_time`).
+* what the finished runs cost: hours of training epochs per dataset, per
+  device and XLA setting, and per part of the queue (`compute_time`).
 
 The statistics are `significance.py` (paired t, Holm over the family of
 main-table comparisons, minimum detectable difference, test-set sampling error).
@@ -377,27 +377,42 @@ def detectable_in_sd(cells):
     return {str(n): significance.minimum_detectable_difference(1.0, n) for n in counts}
 
 
-def compute_time(cells):
-    """What the finished runs cost: per dataset, per (device, XLA) group, runs, hours and minutes per run.
+def queue_part(experiment, variant, seed, main_seeds):
+    """The part of a profile's queue a run belongs to: "main table", "more seeds" (a main-table row's seeds
+    beyond `main_seeds`, the profile's seeds), "extra rows" (kernels outside the main table) or its ablation's
+    name (the experiment)."""
+    if experiment != "variants":
+        return experiment
+    if variant.partition("-")[0] not in main_kernels():
+        return "extra rows"
+    return "main table" if int(seed) in main_seeds else "more seeds"
+
+
+def compute_time(cells, main_seeds):
+    """What the finished runs cost: per dataset, per (device, XLA) group and per part of the queue.
 
     A run's minutes are the sum of its history.csv's epoch_seconds: the
     training epochs only (compilation, evaluation and checkpoints are not
     counted), over every session that trained it. A run shared by two cells
-    counts once. Returns {dataset: {"runs", "hours", "groups": [{"device",
-    "jit_compile", "runs", "hours", "minutes": {"min", "median", "max"}}]}},
-    largest group first.
+    counts once, in the first cell's part. Returns {dataset: {"runs", "hours",
+    "groups": [{"device", "jit_compile", "runs", "hours", "minutes": {"min",
+    "median", "max"}}], "parts": [{"part", "runs", "hours"}]}}, groups largest
+    first, parts in queue order (`queue_part` with `main_seeds`); a part's sum
+    stops changing once it is whole, so a docstring can quote it.
     """
     runs = {}
     for cell in cells:
         for seed, minutes in cell["epoch_minutes"].items():
-            key = f"{cell['directory']}/seed{seed}"
-            runs[key] = (cell["dataset"], cell["per_seed"][seed]["device"], cell["jit_compile"][seed], minutes)
+            runs.setdefault(f"{cell['directory']}/seed{seed}", (
+                cell["dataset"], cell["per_seed"][seed]["device"], cell["jit_compile"][seed],
+                queue_part(cell["experiment"], cell["variant"], seed, main_seeds), minutes))
     result = {}
     for dataset in dict.fromkeys(run[0] for run in runs.values()):
-        groups = {}
-        for run_dataset, device, jit, minutes in runs.values():
+        groups, parts = {}, {}
+        for run_dataset, device, jit, part, minutes in runs.values():
             if run_dataset == dataset:
                 groups.setdefault((device, jit), []).append(minutes)
+                parts.setdefault(part, []).append(minutes)
         ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), str(item[0])))
         result[dataset] = {
             "runs": sum(len(values) for values in groups.values()),
@@ -405,6 +420,7 @@ def compute_time(cells):
             "groups": [{"device": device, "jit_compile": jit, "runs": len(values), "hours": sum(values) / 60,
                         "minutes": {"min": min(values), "median": float(np.median(values)), "max": max(values)}}
                        for (device, jit), values in ordered],
+            "parts": [{"part": part, "runs": len(values), "hours": sum(values) / 60} for part, values in parts.items()],
         }
     return result
 
@@ -444,7 +460,7 @@ def aggregate(root, cells, **header):
         "devices": sorted({v["device"] for v in per_seed if v["device"]}),
         "backends": sorted({v["backend"] for v in per_seed if v["backend"]}),
         "normalization": normalization_contrasts(aggregated),
-        "compute": compute_time(aggregated),
+        "compute": compute_time(aggregated, header["seeds"]),
         "cells": aggregated,
     }
 

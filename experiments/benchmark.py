@@ -48,7 +48,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from experiments.aggregate import BASELINE, write_aggregate as aggregate_cells
+from experiments.aggregate import BASELINE, queue_part, write_aggregate as aggregate_cells
 from experiments.benchmark_profiles import get_profile
 from experiments.cli import SELECTION_OPTIONS, fail, interruptible, parser
 from experiments.history import read_history
@@ -237,10 +237,8 @@ FORECAST_BASIS = ("each queued run at the median epoch of the finished runs of i
 
 
 def forecast_part(job, profile):
-    """The part of the queue a job belongs to in the forecast: (dataset, "main table" | "more seeds" | experiment)."""
-    if job.experiment != "variants":
-        return job.dataset, job.experiment
-    return job.dataset, "main table" if job.seed in profile.seeds else "more seeds"
+    """The part of the queue a job belongs to in the forecast: (dataset, `aggregate.queue_part`)."""
+    return job.dataset, queue_part(job.experiment, job.variant, job.seed, profile.seeds)
 
 
 def forecast(jobs, root, profile):

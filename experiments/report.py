@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 
 from experiments import atomic
-from experiments.aggregate import BASELINE, common_timing_group, group_mean, normalization_index, timing_ratio
+from experiments.aggregate import (BASELINE, common_timing_group, group_mean, normalization_index, queue_part,
+                                  timing_ratio)
 from experiments.benchmark import profile_root, selected_jobs, write_aggregate
 from experiments.benchmark_figures import dataset_name, plot_curves, plot_pareto
 from experiments.benchmark_profiles import PROFILES, get_profile
@@ -382,16 +383,20 @@ def normalization_lines(aggregated):
     return lines
 
 
+# The parts of a queue (`aggregate.queue_part`) in the report's words; "main table" and "extra rows" read as they are.
+PART_NAMES = {"more seeds": "seeds beyond the main table's", "init_from": "init-from ablation",
+              "num_features": "num_features ablation", "normalize_qk": "q/k normalisation ablation"}
+
+
 def progress_parts(aggregated):
-    """["main table 36 of 72", "extra rows 0 of 42", ...]: finished of planned runs per part."""
+    """["main table 36 of 72", "extra rows 0 of 42", ...]: finished of planned runs per part of the queue."""
     parts = {}
     for c in aggregated["cells"]:
-        name = {"init_from": "init-from", "num_features": "num_features ablation",
-                "normalize_qk": "q/k normalisation ablation"}.get(
-            c["experiment"], "main table" if _is_main(c) else "extra rows")
-        done, planned = parts.get(name, (0, 0))
-        parts[name] = (done + len(set(c["seeds"]["finished"]) & set(c["seeds"]["planned"])), planned + len(c["seeds"]["planned"]))
-    return [f"{name} {done} of {planned}" for name, (done, planned) in parts.items()]
+        for seed in c["seeds"]["planned"]:
+            part = parts.setdefault(queue_part(c["experiment"], c["variant"], seed, aggregated["seeds"]), [0, 0])
+            part[0] += seed in c["seeds"]["finished"]
+            part[1] += 1
+    return [f"{PART_NAMES.get(name, name)} {done} of {planned}" for name, (done, planned) in parts.items()]
 
 
 def missing_lines(aggregated):
@@ -425,18 +430,18 @@ def missing_lines(aggregated):
     return lines
 
 
-FORECAST_PARTS = {"main table": "main table", "more seeds": "seeds beyond the main table's",
-                  "init_from": "init-from ablation", "num_features": "num_features ablation",
-                  "normalize_qk": "q/k normalisation ablation"}
+def part_text(dataset, part):
+    """"<dataset> <part of the queue>: N runs, H hours" of a forecast's or a compute summary's part."""
+    return (f"{dataset_name(dataset)} {PART_NAMES.get(part['part'], part['part'])}: {part['runs']} runs, "
+            f"{part['hours']:.1f} hours")
 
 
 def forecast_lines(forecast):
     """What the queued runs need, per part of the queue ([] when none is queued)."""
     if not forecast or not forecast["runs"]:
         return []
-    parts = [f"{dataset_name(part['dataset'])} {FORECAST_PARTS.get(part['part'], part['part'])}: {part['runs']} runs, "
-             f"{part['hours']:.1f} hours" + (f" ({part['without_forecast']} without a forecast)"
-                                              if part["without_forecast"] else "")
+    parts = [part_text(part["dataset"], part) + (f" ({part['without_forecast']} without a forecast)"
+                                                 if part["without_forecast"] else "")
              for part in forecast["parts"]]
     return [f"Forecast for the {forecast['runs']} queued runs: about {forecast['hours']:.1f} hours of training "
             f"epochs ({forecast['basis']}; `--list` gives each run's): {'; '.join(parts)}.", ""]
@@ -461,8 +466,9 @@ def compute_lines(aggregated):
                          f"{minutes['max']:.0f} |")
         lines.append(f"| {dataset_name(dataset)} | all | {summary['runs']} | {summary['hours']:.1f} | |")
     total = sum(summary["hours"] for summary in compute.values())
+    parts = [part_text(dataset, part) for dataset, summary in compute.items() for part in summary["parts"]]
     return lines + ["", f"All datasets: {sum(s['runs'] for s in compute.values())} runs, {total:.1f} hours of "
-                        "training epochs.", ""]
+                        f"training epochs. Per part of the queue: {'; '.join(parts)}.", ""]
 
 
 def _device_line(aggregated):

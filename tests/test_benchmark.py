@@ -168,6 +168,9 @@ def test_more_seeds_run_after_the_whole_queue_and_join_their_rows(tmp_path):
             for part in header["forecast"]["parts"]] == [
         ("cifar10", "main table", 36, 36), ("mnist", "main table", 36, 36), ("cifar10", "normalize_qk", 12, 12),
         ("cifar10", "more seeds", 24, 24)]
+    result = aggregate.aggregate(benchmark.profile_root(tmp_path, profile), benchmark.cells(jobs), **header)
+    assert report.progress_parts(result) == [
+        "main table 0 of 72", "seeds beyond the main table's 0 of 24", "q/k normalisation ablation 0 of 12"]
     section = report.render_readme_section([({**header, "runs": {"planned": 108, "finished": 0, "missing": []},
                                         "cells": []}, "cpu/README.md")])
     assert "seeds 0, 1, 2; CIFAR-10 also 3, 4, queued last" in section
@@ -337,6 +340,31 @@ def test_timings_compare_only_between_runs_of_one_device_and_xla_setting(tmp_pat
     ]
     assert "| MNIST | cpu: B, XLA | 7 | 0.2 | 0 / 1 / 2 |" in readme
     assert "All datasets: 18 runs, 0.2 hours of training epochs." in readme
+
+
+def test_compute_time_sums_each_part_of_the_queue_and_counts_a_shared_run_once_in_its_first_part():
+    def cell(directory, experiment, minutes):
+        return {"directory": directory, "dataset": directory.split("/")[-2], "experiment": experiment,
+                "variant": "softmax-absolute", "per_seed": {seed: {"device": "cpu: A"} for seed in minutes},
+                "jit_compile": {seed: True for seed in minutes}, "epoch_minutes": minutes}
+
+    cells = [cell("runs/cifar10/softmax-absolute", "variants", {"0": 30.0, "1": 60.0, "3": 90.0}),
+             cell("ablations/normalize_qk/cifar10/softmax-absolute-qknorm-on", "normalize_qk", {"0": 120.0}),
+             cell("runs/cifar10/softmax-absolute", "num_features", {"0": 30.0}),  # the main row's folder
+             cell("runs/mnist/softmax-absolute", "variants", {"0": 6.0}),
+             dict(cell("runs/mnist/exp-absolute", "variants", {"0": 6.0}), variant="exp-absolute")]
+    compute = aggregate.compute_time(cells, main_seeds=(0, 1, 2))
+    assert (compute["cifar10"]["runs"], compute["cifar10"]["hours"]) == (4, 5.0)
+    assert compute["cifar10"]["parts"] == [{"part": "main table", "runs": 2, "hours": 1.5},
+                                           {"part": "more seeds", "runs": 1, "hours": 1.5},
+                                           {"part": "normalize_qk", "runs": 1, "hours": 2.0}]
+    assert compute["mnist"]["parts"] == [{"part": "main table", "runs": 1, "hours": pytest.approx(0.1)},
+                                         {"part": "extra rows", "runs": 1, "hours": pytest.approx(0.1)}]
+    assert ("All datasets: 6 runs, 5.2 hours of training epochs. Per part of the queue: CIFAR-10 main table: "
+            "2 runs, 1.5 hours; CIFAR-10 seeds beyond the main table's: 1 runs, 1.5 hours; CIFAR-10 q/k "
+            "normalisation ablation: 1 runs, 2.0 hours; MNIST main table: 1 runs, 0.1 hours; MNIST extra rows: 1 runs, "
+            "0.1 hours.") in "\n".join(
+        report.compute_lines({"compute": compute}))
 
 
 def test_a_run_left_to_the_default_counts_as_xla_by_what_its_sessions_recorded(tmp_path):
