@@ -401,8 +401,10 @@ def progress_parts(aggregated):
 
 def missing_lines(aggregated):
     runs = aggregated["runs"]
-    lines = [f"Runs finished: **{runs['finished']} of {runs['planned']}** ({'; '.join(progress_parts(aggregated))}; "
-             "the num_features ablation counts the variant rows it shares)."]
+    parts = progress_parts(aggregated)
+    if any(part.startswith("num_features ablation") for part in parts):
+        parts.append("the num_features ablation counts the variant rows it shares")
+    lines = [f"Runs finished: **{runs['finished']} of {runs['planned']}** ({'; '.join(parts)})."]
     if runs["missing"]:
         by_cell = {}
         for folder in runs["missing"]:

@@ -171,6 +171,15 @@ def test_more_seeds_run_after_the_whole_queue_and_join_their_rows(tmp_path):
     result = aggregate.aggregate(benchmark.profile_root(tmp_path, profile), benchmark.cells(jobs), **header)
     assert report.progress_parts(result) == [
         "main table 0 of 72", "seeds beyond the main table's 0 of 24", "q/k normalisation ablation 0 of 12"]
+    assert report.missing_lines(result)[0] == ("Runs finished: **0 of 108** (main table 0 of 72; seeds beyond the "
+                                               "main table's 0 of 24; q/k normalisation ablation 0 of 12).")
+    small = get_profile("small")
+    small_result = aggregate.aggregate(benchmark.profile_root(tmp_path, small),
+                                       benchmark.cells(benchmark.plan(small, tmp_path)),
+                                       **benchmark.report_header(small, tmp_path))
+    assert report.missing_lines(small_result)[0] == (
+        "Runs finished: **0 of 228** (main table 0 of 120; extra rows 0 of 42; init-from ablation 0 of 18; "
+        "num_features ablation 0 of 68; the num_features ablation counts the variant rows it shares).")
     section = report.render_readme_section([({**header, "runs": {"planned": 108, "finished": 0, "missing": []},
                                         "cells": []}, "cpu/README.md")])
     assert "seeds 0, 1, 2; CIFAR-10 also 3, 4, queued last" in section
