@@ -40,6 +40,7 @@ Exit status: 0 when every queued run is finished or was left for lack of time
 """
 
 import dataclasses
+import json
 import os
 import statistics
 import subprocess
@@ -48,7 +49,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from experiments.aggregate import BASELINE, queue_part, write_aggregate as aggregate_cells
+from experiments.aggregate import BASELINE, queue_part, ran_with_xla, read_sessions, write_aggregate as aggregate_cells
 from experiments.benchmark_profiles import get_profile
 from experiments.cli import SELECTION_OPTIONS, fail, interruptible, parser
 from experiments.history import read_history
@@ -213,13 +214,27 @@ def expected_seconds(job, root, statistic=max):
 
     Runs of the job's own cell are asked first, then the variant's main-table
     row (an ablation of it costs about as much), then any finished row of the
-    dataset; epochs the run already has (a resumed run) are not
-    counted again. `statistic` of their epoch times is the time per epoch:
-    the slowest (the default) for a deadline that must not be overrun, the
-    median for a forecast (a paused or crowded run's epochs inflate the slowest).
+    dataset; where the job sets jit_compile, only runs that ran with its
+    setting count (`aggregate.ran_with_xla`: XLA changes an epoch's time by up
+    to 1.6x on this project's CPU). Epochs the run already has (a resumed
+    run) are not counted again. `statistic` of their epoch times is the time
+    per epoch: the slowest (the default) for a deadline that must not be
+    overrun, the median for a forecast (a paused or crowded run's epochs
+    inflate the slowest).
     """
+    def like_job(folder):
+        if not (folder / "metrics.json").is_file():
+            return False
+        if not isinstance(job.config.jit_compile, bool):
+            return True
+        try:
+            config = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return ran_with_xla(config, read_sessions(folder)) == job.config.jit_compile
+
     def per_epoch_of(folders):
-        seconds = [float(row["epoch_seconds"]) for folder in folders if (folder / "metrics.json").is_file()
+        seconds = [float(row["epoch_seconds"]) for folder in folders if like_job(folder)
                    for row in read_history(folder / "history.csv")]
         return statistic(seconds) if seconds else None
 
@@ -232,8 +247,8 @@ def expected_seconds(job, root, statistic=max):
     return per_epoch * (job.config.epochs - done)
 
 
-FORECAST_BASIS = ("each queued run at the median epoch of the finished runs of its row, else of its variant's "
-                  "main-table row, else of its dataset")
+FORECAST_BASIS = ("each queued run at the median epoch of the finished runs of its row with its XLA setting, else "
+                  "of its variant's main-table row, else of its dataset")
 
 
 def forecast_part(job, profile):

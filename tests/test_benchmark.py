@@ -551,6 +551,26 @@ def test_max_minutes_starts_only_runs_the_time_left_can_finish_and_archive_packs
                            for job in (first, third) for name in ("history.csv", "metrics.json"))
 
 
+def test_a_forecast_counts_only_runs_with_the_jobs_xla_setting(tmp_path):
+    profile = get_profile("tiny")  # 1 epoch per run; softmax-absolute and favor-absolute, seeds 0 and 1
+    first, second, third, _ = benchmark.plan(profile, tmp_path)
+    root = benchmark.profile_root(tmp_path, profile)
+    _fake_finished_run(first.folder(root), [100.0])
+    (first.folder(root) / "config.json").write_text(json.dumps({"jit_compile": False}))
+    _fake_finished_run(third.folder(root), [40.0])  # left to the default, which its session ran with XLA
+    (third.folder(root) / "config.json").write_text(json.dumps({"jit_compile": None}))
+    (third.folder(root) / "provenance.json").write_text(json.dumps({"sessions": [{"jit_compile": True}]}))
+
+    def with_xla(job, jit):
+        return dataclasses.replace(job, config=dataclasses.replace(job.config, jit_compile=jit))
+
+    # softmax-absolute's own row has only a run without XLA: an XLA job falls back to the dataset's XLA runs.
+    assert benchmark.expected_seconds(with_xla(second, True), root, statistics.median) == 40.0
+    assert benchmark.expected_seconds(with_xla(second, False), root, statistics.median) == 100.0
+    assert benchmark.expected_seconds(second, root, statistics.median) == 100.0  # no setting: its row, as it is
+    assert benchmark.expected_seconds(with_xla(second, None), root, max) == 100.0
+
+
 def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tmp_path, capsys):
     profile = get_profile("tiny")  # 1 epoch per run; softmax-absolute and favor-absolute, seeds 0 and 1
     jobs = benchmark.plan(profile, tmp_path)
