@@ -23,8 +23,8 @@ result, and `--workers N` trains N queued runs at once in N processes (each its
 share of the accelerator's memory: runs at these sizes are far too small to fill
 a GPU; keep 1 on a CPU). `--max-minutes T` suits a time-limited slot (a batch job, a rented GPU
 hour): a run starts only if the time left covers its expected time (its epochs
-times the slowest epoch of the finished runs of its own row, else of its
-variant's main-table row, else of its dataset), so the slot ends with finished folders only; `--archive
+times the slowest epoch of the finished runs of its own row with its XLA
+setting, else of its variant's main-table row, else of its dataset), so the slot ends with finished folders only; `--archive
 FILE.tar.gz` then packs the finished run folders (without checkpoints) for the
 trip home, where unpacking them into the results folder adds them to the table.
 Each ablation run whose settings equal a variant row's (m = the profile's m)
