@@ -149,6 +149,7 @@ def test_export_serves_uint8_with_the_same_predictions(tmp_path):
                        "--export", str(export)]) == 2
 
 
+@pytest.mark.slow  # a real train.py killed after an epoch, two minutes; tests/test_kill.py kills at every write
 def test_same_seed_same_metrics_and_resume_after_kill(tmp_path):
     args = ["--variant", "favor-absolute", "--size", "tiny", "--limit", "2000", "--batch-size", "16",
             "--epochs", "3", "--redraw-interval", "7"]
