@@ -377,13 +377,18 @@ def detectable_in_sd(cells):
     return {str(n): significance.minimum_detectable_difference(1.0, n) for n in counts}
 
 
+def is_main_variant(variant):
+    """Whether `variant` is a row of the main table (its kernel is one of `main_kernels`)."""
+    return variant.partition("-")[0] in main_kernels()
+
+
 def queue_part(experiment, variant, seed, main_seeds):
     """The part of a profile's queue a run belongs to: "main table", "more seeds" (a main-table row's seeds
     beyond `main_seeds`, the profile's seeds), "extra rows" (kernels outside the main table) or its ablation's
     name (the experiment)."""
     if experiment != "variants":
         return experiment
-    if variant.partition("-")[0] not in main_kernels():
+    if not is_main_variant(variant):
         return "extra rows"
     return "main table" if int(seed) in main_seeds else "more seeds"
 

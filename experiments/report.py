@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 from experiments import atomic
-from experiments.aggregate import (BASELINE, common_timing_group, group_mean, normalization_index, queue_part,
-                                  timing_ratio)
+from experiments.aggregate import (BASELINE, common_timing_group, group_mean, is_main_variant, normalization_index,
+                                  queue_part, timing_ratio)
 from experiments.benchmark import profile_root, selected_jobs, write_aggregate
 from experiments.benchmark_figures import dataset_name, plot_curves, plot_pareto
 from experiments.benchmark_profiles import PROFILES, get_profile
@@ -37,7 +37,7 @@ from experiments.cli import SELECTION_OPTIONS, fail, parser, start_backend
 from experiments.markdown import table_lines
 from experiments.run_config import LATER_FIELDS, RunError
 from experiments.saliency import SALIENCY_IMAGES, plot_saliency
-from performer_keras.registry import POSITIONS, main_kernels
+from performer_keras.registry import POSITIONS
 
 
 # === Formatting ===
@@ -163,7 +163,7 @@ def _datasets(cells):
 
 
 def _is_main(cell):
-    return cell["variant"].partition("-")[0] in main_kernels()
+    return is_main_variant(cell["variant"])
 
 
 def main_table(aggregated):
@@ -389,22 +389,28 @@ PART_NAMES = {"more seeds": "seeds beyond the main table's", "init_from": "init-
 
 
 def progress_parts(aggregated):
-    """["main table 36 of 72", "extra rows 0 of 42", ...]: finished of planned runs per part of the queue."""
+    """{part of the queue: (finished, planned)} (`aggregate.queue_part`), in queue order."""
     parts = {}
     for c in aggregated["cells"]:
         for seed in c["seeds"]["planned"]:
             part = parts.setdefault(queue_part(c["experiment"], c["variant"], seed, aggregated["seeds"]), [0, 0])
             part[0] += seed in c["seeds"]["finished"]
             part[1] += 1
+    return parts
+
+
+def progress_text(parts):
+    """["main table 36 of 72", "extra rows 0 of 42", ...] of `progress_parts`."""
     return [f"{PART_NAMES.get(name, name)} {done} of {planned}" for name, (done, planned) in parts.items()]
 
 
 def missing_lines(aggregated):
     runs = aggregated["runs"]
     parts = progress_parts(aggregated)
-    if any(part.startswith("num_features ablation") for part in parts):
-        parts.append("the num_features ablation counts the variant rows it shares")
-    lines = [f"Runs finished: **{runs['finished']} of {runs['planned']}** ({'; '.join(parts)})."]
+    text = progress_text(parts)
+    if "num_features" in parts:
+        text.append("the num_features ablation counts the variant rows it shares")
+    lines = [f"Runs finished: **{runs['finished']} of {runs['planned']}** ({'; '.join(text)})."]
     if runs["missing"]:
         by_cell = {}
         for folder in runs["missing"]:
@@ -566,7 +572,7 @@ def render_readme_section(reports):
         for dataset, more in aggregated.get("more_seeds", {}).items():
             seeds = f"{seeds}; {dataset_name(dataset)} also {', '.join(map(str, more))}, queued last"
         summary = (f"Profile `{aggregated['profile']}` ({settings}; epochs {epochs}; seeds {seeds}): "
-                   f"{runs['finished']} of {runs['planned']} runs finished ({'; '.join(progress_parts(aggregated))}).")
+                   f"{runs['finished']} of {runs['planned']} runs finished ({'; '.join(progress_text(progress_parts(aggregated)))}).")
         if aggregated.get("pipeline_check") and runs["finished"]:
             lines += [f"{summary} A pipeline check, not an answer: [its report]({report_path}) has the table and "
                       "what it can and cannot say.", ""]

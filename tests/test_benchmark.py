@@ -169,7 +169,7 @@ def test_more_seeds_run_after_the_whole_queue_and_join_their_rows(tmp_path):
         ("cifar10", "main table", 36, 36), ("mnist", "main table", 36, 36), ("cifar10", "normalize_qk", 12, 12),
         ("cifar10", "more seeds", 24, 24)]
     result = aggregate.aggregate(benchmark.profile_root(tmp_path, profile), benchmark.cells(jobs), **header)
-    assert report.progress_parts(result) == [
+    assert report.progress_text(report.progress_parts(result)) == [
         "main table 0 of 72", "seeds beyond the main table's 0 of 24", "q/k normalisation ablation 0 of 12"]
     assert report.missing_lines(result)[0] == ("Runs finished: **0 of 108** (main table 0 of 72; seeds beyond the "
                                                "main table's 0 of 24; q/k normalisation ablation 0 of 12).")
