@@ -174,6 +174,8 @@ OPTIONS = {
     "baseline": dict(help="a checkout of another commit whose train.py path to measure alongside this one"),
     "backends": dict(nargs="+", choices=BACKENDS, help="the backends to measure (default: both)"),
     "rounds": dict(type=positive_int, help="timed rounds after the warm-up one (default: the profile's)"),
+    "worker-counts": dict(type=positive_int, nargs="+", metavar="N",
+                          help="also time train.py's path in N processes at once on one accelerator, for each N"),
     "burn-in": dict(type=non_negative_int, default=1, help="untimed steps after the compiling one (default 1)"),
     "steps": dict(type=positive_int, default=3, help="timed training steps (default 3)"),
     "trace-steps": dict(type=non_negative_int, default=2, help="training steps traced by the profiler (0: none)"),

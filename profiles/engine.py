@@ -30,6 +30,16 @@ every sample, the medians, and the ratios that issue 14 sets targets for
 train path over bare fit >= 0.95, this train path over the baseline's >= 1.5.
 Stop other work on the machine first: the ratios are only as clean as the
 machine is quiet.
+
+On an accelerator, ``--dataset``, ``--size``, ``--limit`` and ``--precision``
+set the task (issue 14's GPU check: ``--backends jax --dataset cifar10 --size
+reference --limit all --precision mixed_bfloat16``), and ``--worker-counts 2 4
+8`` also times train.py's path in N processes at once, each with its share of
+the device's memory, as ``benchmark --workers N`` trains: every timed round
+starts together (a barrier), and the sum of the workers' medians is the
+device's throughput with N runs at once, compared with one run's
+(``workers_over_one``, target >= 2 at some N). The record's name carries
+every setting that differs from the default.
 """
 
 import datetime
@@ -39,6 +49,8 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from experiments.cli import BACKENDS, parser, start_backend
@@ -58,13 +70,17 @@ TASK = dict(dataset="mnist", size="small", limit=16384, validation_size=256, bat
 SUBJECTS = ["stock", *(f"fit:{variant}" for variant in VARIANTS), "train_path"]
 BASELINE_ROUNDS = 2
 TARGETS = {"softmax_over_stock": 1.0, "favor_over_softmax": 0.9, "relu_over_softmax": 0.9,
-           "train_path_over_fit": 0.95, "train_path_over_baseline": 1.5}
+           "train_path_over_fit": 0.95, "train_path_over_baseline": 1.5, "workers_over_one": 2.0}
+# Settings of the task a command line may change, in the order a record's name lists them.
+TASK_OPTIONS = ("dataset", "size", "limit", "precision")
 
 
-def run_child(task, backend, code=REPO, log=print):
-    """Events of one child process measuring `task` with the code at `code` first on the path."""
-    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=str(code), TF_CPP_MIN_LOG_LEVEL="3",
-               XLA_PYTHON_CLIENT_PREALLOCATE="false")
+def run_child(task, backend, code=REPO, log=print, env=None):
+    """Events of one child process measuring `task` with the code at `code` first on the path (`env` added)."""
+    # The caller's path stays behind `code`: on a GPU box it holds the Keras installed beside JAX (gpu_run.sh).
+    path = os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3",
+               XLA_PYTHON_CLIENT_PREALLOCATE="false", **(env or {}))
     done = subprocess.run([sys.executable, str(CHILD), json.dumps(dict(task, code=str(code)))], cwd=code, env=env,
                           capture_output=True, text=True)
     events = [json.loads(line[len(EVENT_PREFIX):]) for line in done.stdout.splitlines() if line.startswith(EVENT_PREFIX)]
@@ -108,32 +124,66 @@ def baseline_comparison(baseline, backend, task=TASK, log=print):
             "this_images_per_second": this, "baseline_images_per_second": base, "train_path_over_baseline": this / base}
 
 
-def record_name(num_features, rounds, backends):
-    """engine.json, with every setting that differs from the default in the name: engine-m16-r9-tensorflow.json."""
+def concurrent_train_path(task, backend, workers, log=print):
+    """train.py's path in `workers` child processes at once: each one's median images/s, and their sum.
+
+    Each child has 0.9 / workers of the device's memory (as `benchmark
+    --workers` gives) and waits at a barrier (files in a shared folder) before
+    every timed round, so the workers' rounds overlap however long each
+    one's compilation took.
+    """
+    memory = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / workers:.3f}"}
+    with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(workers) as pool:
+        tasks = [dict(task, subjects=["train_path"], barrier=dict(folder=folder, index=k, count=workers))
+                 for k in range(workers)]
+        runs = list(pool.map(lambda one: run_child(one, backend, log=lambda line: None, env=memory), tasks))
+    per_worker = [statistics.median(medians(events)[1]["train_path"]) for events in runs]
+    log(f"{backend} {workers} workers: " + " + ".join(f"{speed:.0f}" for speed in per_worker)
+        + f" = {sum(per_worker):.0f} images/s")
+    return {"workers": workers, "per_worker_images_per_second": per_worker, "images_per_second": sum(per_worker)}
+
+
+def record_name(task, backends, worker_counts=()):
+    """engine.json, every setting that differs from `TASK` in the name: engine-m16-r9-tensorflow.json."""
     parts = ["engine"]
-    if num_features:
-        parts.append(f"m{num_features}")
-    if rounds != TASK["rounds"]:
-        parts.append(f"r{rounds}")
+    if task.get("num_features"):
+        parts.append(f"m{task['num_features']}")
+    if task["rounds"] != TASK["rounds"]:
+        parts.append(f"r{task['rounds']}")
+    for name in TASK_OPTIONS:
+        value = task.get(name, "float32")  # only precision is absent from TASK: float32, train.py's default
+        if value != TASK.get(name, "float32"):
+            parts.append(f"limit{value or '-all'}" if name == "limit" else str(value))
     if tuple(backends) != BACKENDS:
         parts += backends
+    if worker_counts:
+        parts.append("w" + "-".join(map(str, worker_counts)))
     return "-".join(parts) + ".json"
 
 
 def main(argv=None):
     args = parser("python -m profiles.engine", __doc__, "out", "baseline", "backends", "num-features",
-                  "rounds").parse_args(argv)
+                  "rounds", *TASK_OPTIONS, "worker-counts").parse_args(argv)
     backends = args.backends or list(BACKENDS)
     task = dict(TASK, rounds=args.rounds or TASK["rounds"])
     if args.num_features:
         task["num_features"] = args.num_features
+    for name in TASK_OPTIONS:
+        if getattr(args, name) is not None:
+            task[name] = None if getattr(args, name) == "all" else getattr(args, name)
     per_backend = {}
     for backend in backends:
         events = run_child(dict(task, subjects=SUBJECTS), backend)
         median, samples = medians(events)
         setup = next(event for event in events if event["event"] == "setup")
-        per_backend[backend] = {"params": setup["params"], "train_images": setup["train_images"],
+        per_backend[backend] = {"params": setup["params"], "dtype_policies": setup["dtype_policies"],
+                                "train_images": setup["train_images"],
                                 "images_per_second": median, "samples": samples, "ratios": ratios(median)}
+        if args.worker_counts:
+            concurrent = [concurrent_train_path(task, backend, workers) for workers in args.worker_counts]
+            per_backend[backend]["concurrent"] = concurrent
+            per_backend[backend]["ratios"]["workers_over_one"] = {
+                entry["workers"]: entry["images_per_second"] / median["train_path"] for entry in concurrent}
     record = {
         "command": "python -m profiles.engine " + shlex.join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -144,9 +194,10 @@ def main(argv=None):
     }
     if args.baseline:
         record["baseline"] = baseline_comparison(args.baseline, backends[0], task)
-    path = Path(args.out or DEFAULT_OUT) / bench.device_slug() / record_name(args.num_features, task["rounds"], backends)
+    path = Path(args.out or DEFAULT_OUT) / bench.device_slug() / record_name(task, backends, args.worker_counts or ())
     atomic.write_json(path, record, indent=1, sort_keys=False)
-    summary = {backend: {k: round(v, 3) for k, v in entry["ratios"].items()} for backend, entry in per_backend.items()}
+    summary = {backend: {k: round(v, 3) if isinstance(v, float) else {n: round(r, 3) for n, r in v.items()}
+                         for k, v in entry["ratios"].items()} for backend, entry in per_backend.items()}
     print(json.dumps({"ratios": summary, "file": str(path)}))
     return 0
 

@@ -17,12 +17,18 @@ a warm-up (compilation) that is not kept:
   fresh folder for two epochs (its pipeline with augmentation, its callbacks
   and writes; a 256-image validation split); the second epoch's
   ``epoch_seconds`` from history.csv is kept.
+
+A task with a ``precision`` builds every model under that dtype policy. A
+task with a ``barrier`` ({folder, index, count}: one of `count` children
+started at once, `engine.concurrent_train_path`) waits before each timed
+round until all `count` have reached it, so their rounds overlap.
 """
 
 import csv
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import keras
@@ -69,20 +75,26 @@ def measure(task, emit):
 
     splits = data.load_dataset(task["dataset"], limit=task["limit"], validation_size=task["validation_size"])
     x, y = splits.train[0].astype("float32"), splits.train[1]
-    features = {"num_features": task["num_features"]} if "num_features" in task else {}
+    # Only what a task sets, so a baseline commit without the setting can still be measured.
+    extra = {name: task[name] for name in ("num_features", "precision") if name in task}
     configs = {variant: RunConfig(variant=variant, dataset=task["dataset"], size=task["size"], epochs=task["epochs"],
-                                  batch_size=task["batch_size"], seed=0, limit=task["limit"], **features)
+                                  batch_size=task["batch_size"], seed=0, limit=task["limit"], **extra)
                for variant in task["variants"]}
     models = {}
     for subject in task["subjects"]:
         if subject.startswith("fit:"):
-            models[subject] = training.build_model(configs[subject[4:]], splits)
+            with training.dtype_policy(configs[subject[4:]].precision):
+                models[subject] = training.build_model(configs[subject[4:]], splits)
         elif subject == "stock":
             base = configs[task["variants"][0]]
-            models[subject] = stock_model(training.build_model(base, splits), base, splits)
+            with training.dtype_policy(base.precision):
+                models[subject] = stock_model(training.build_model(base, splits), base, splits)
     emit({"event": "setup", "train_images": len(x),
-          "params": {name: int(sum(np.prod(w.shape) for w in m.trainable_weights)) for name, m in models.items()}})
+          "params": {name: int(sum(np.prod(w.shape) for w in m.trainable_weights)) for name, m in models.items()},
+          "dtype_policies": {name: m.dtype_policy.name for name, m in models.items()}})
     for round_index in range(task["rounds"] + 1):
+        if "barrier" in task and round_index > 0:
+            wait_at_barrier(**task["barrier"], round_index=round_index)
         for subject in task["subjects"]:
             if subject == "train_path":
                 seconds = train_path_seconds(configs[task["variants"][0]], splits, training)
@@ -93,6 +105,16 @@ def measure(task, emit):
             steps = len(x) // task["batch_size"]
             emit({"event": "sample", "subject": subject, "round": round_index, "warmup": round_index == 0,
                   "images_per_second": steps * task["batch_size"] / seconds})
+
+
+def wait_at_barrier(folder, index, count, round_index, timeout_s=900.0):
+    """Mark this child as ready for `round_index` and return once all `count` children are (RuntimeError after `timeout_s`)."""
+    (Path(folder) / f"ready-{round_index}-{index}").touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(Path(folder).glob(f"ready-{round_index}-*"))) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"engine child {index}: the other workers never reached round {round_index}")
+        time.sleep(0.05)
 
 
 def train_path_seconds(config, splits, training):
@@ -111,8 +133,11 @@ def main(argv):
     from profiles.child import emit
 
     import experiments
+    from experiments import training
 
     task = json.loads(argv[0])
+    if hasattr(training, "use_compilation_cache"):  # absent from older commits measured as a baseline
+        training.use_compilation_cache()
     # Where the measured code was really imported from, so a baseline cannot silently measure this checkout.
     emit({"event": "start", "backend": keras.backend.backend(), "code": task.get("code"),
           "experiments_from": str(Path(experiments.__file__).resolve().parent.parent)})

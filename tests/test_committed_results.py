@@ -82,13 +82,23 @@ def test_a_committed_cost_summary_is_what_its_command_writes(folder, tmp_path):
 NOT_FROM_THE_REPORT = {"5.4"}
 
 
-def test_the_readme_summary_of_the_cpu_table_quotes_its_report():
-    readme = (REPO / "README.md").read_text()
-    start = readme.index("### What the `cpu` table says so far")
-    summary = readme[start:readme.index("## Results\n", start)]
-    report = (REPO / RESULTS / "cpu" / "README.md").read_text()
+def readme_summary(heading):
+    """The README's hand-written subsection that starts with `heading`, up to the next heading."""
+    rest = (REPO / "README.md").read_text().split(heading, 1)[1]
+    return heading + rest[:re.compile(r"^##", re.M).search(rest).start()]
+
+
+@pytest.mark.parametrize("heading, profile", [("### What the `cpu` table says so far", "cpu"),
+                                              ("### The first `reference` runs", "reference")])
+def test_a_readme_summary_quotes_its_report(heading, profile):
+    summary = readme_summary(heading)
+    report = (REPO / RESULTS / profile / "README.md").read_text()
     quoted = set(re.findall(r"[+-]?\d+\.\d+", summary)) - NOT_FROM_THE_REPORT
     missing = sorted(number for number in quoted if number not in report)
-    assert quoted and not missing, f"the README quotes numbers results/cpu/README.md lacks: {missing}"
+    assert quoted and not missing, f"the README quotes numbers results/{profile}/README.md lacks: {missing}"
+
+
+def test_the_readme_summary_of_the_cpu_table_counts_its_runs():
+    summary = readme_summary("### What the `cpu` table says so far")
     runs = json.loads((REPO / RESULTS / "cpu" / "aggregate.json").read_text())["runs"]
     assert f"{runs['finished']} of the {runs['planned']} planned runs" in summary

@@ -11,6 +11,7 @@ import statistics
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -315,23 +316,77 @@ def test_favor_kerple_error_falls_as_1_over_sqrt_m_at_the_default_qk_norm_only()
 def test_engine_child_measures_every_subject_with_a_stock_vit_of_equal_size():
     from profiles import engine
 
-    task = dict(engine.TASK, size="tiny", limit=512, rounds=1, subjects=engine.SUBJECTS, num_features=8)
+    task = dict(engine.TASK, size="tiny", limit=512, rounds=1, subjects=engine.SUBJECTS, num_features=8,
+                precision="mixed_bfloat16")
     events = engine.run_child(task, "tensorflow", log=lambda line: None)
-    params = next(e for e in events if e["event"] == "setup")["params"]
+    setup = next(e for e in events if e["event"] == "setup")
     # The stock ViT swaps attention only: MultiHeadAttention has the same projections as softmax KernelAttention.
-    assert params["stock"] == params["fit:softmax-absolute"]
+    assert setup["params"]["stock"] == setup["params"]["fit:softmax-absolute"]
+    assert set(setup["dtype_policies"].values()) == {"mixed_bfloat16"}
     median, samples = engine.medians(events)
     assert set(median) == set(engine.SUBJECTS) and all(len(v) == 1 and v[0] > 0 for v in samples.values())
-    assert set(engine.ratios(median)) == set(engine.TARGETS) - {"train_path_over_baseline"}
+    assert set(engine.ratios(median)) == set(engine.TARGETS) - {"train_path_over_baseline", "workers_over_one"}
 
 
 def test_engine_records_are_named_by_the_settings_that_differ_from_the_default():
     from profiles import engine
 
-    assert engine.record_name(None, engine.TASK["rounds"], engine.BACKENDS) == "engine.json"
-    assert engine.record_name(16, engine.TASK["rounds"], ["tensorflow", "jax"]) == "engine-m16.json"
-    assert engine.record_name(None, 9, ["tensorflow"]) == "engine-r9-tensorflow.json"
-    assert engine.record_name(16, 5, ["jax", "tensorflow"]) == "engine-m16-r5-jax-tensorflow.json"
+    task = engine.TASK
+    assert engine.record_name(task, engine.BACKENDS) == "engine.json"
+    assert engine.record_name(dict(task, num_features=16), ["tensorflow", "jax"]) == "engine-m16.json"
+    assert engine.record_name(dict(task, rounds=9), ["tensorflow"]) == "engine-r9-tensorflow.json"
+    assert engine.record_name(dict(task, num_features=16, rounds=5), ["jax", "tensorflow"]) == "engine-m16-r5-jax-tensorflow.json"
+    assert engine.record_name(dict(task, precision="float32", limit=512), engine.BACKENDS) == "engine-limit512.json"
+    gpu = dict(task, rounds=2, dataset="cifar10", size="reference", limit=None, precision="mixed_bfloat16")
+    assert (engine.record_name(gpu, ["jax"], [2, 4, 8])
+            == "engine-r2-cifar10-reference-limit-all-mixed_bfloat16-jax-w2-4-8.json")
+
+
+def test_engine_barrier_holds_each_child_until_all_have_arrived(tmp_path):
+    from profiles.engine_child import wait_at_barrier
+
+    passed = []
+    first = threading.Thread(target=lambda: passed.append(wait_at_barrier(tmp_path, 0, 2, round_index=1)))
+    first.start()
+    first.join(0.5)
+    assert first.is_alive() and not passed  # alone at the barrier, it waits
+    wait_at_barrier(tmp_path, 1, 2, round_index=1)
+    first.join(5)
+    assert passed == [None]
+    # The next round is a new barrier; a missing sibling is an error, not a hang.
+    with pytest.raises(RuntimeError, match="never reached round 2"):
+        wait_at_barrier(tmp_path, 0, 2, round_index=2, timeout_s=0.2)
+
+
+def test_engine_workers_share_the_memory_meet_at_a_barrier_and_add_up(monkeypatch):
+    from profiles import engine
+
+    calls = []
+
+    def fake_child(task, backend, code=engine.REPO, log=print, env=None):
+        calls.append((task["subjects"], task["barrier"]["index"], task["barrier"]["count"], env))
+        speed = 100.0 * (task["barrier"]["index"] + 1)
+        return [{"event": "sample", "subject": "train_path", "warmup": True, "images_per_second": 1.0},
+                *({"event": "sample", "subject": "train_path", "warmup": False, "images_per_second": speed + extra}
+                  for extra in (0.0, 10.0, 50.0))]
+
+    monkeypatch.setattr(engine, "run_child", fake_child)
+    result = engine.concurrent_train_path(dict(engine.TASK), "jax", 3, log=lambda line: None)
+    assert sorted(call[1] for call in calls) == [0, 1, 2]
+    assert all(call[0] == ["train_path"] and call[2] == 3 for call in calls)
+    assert all(call[3] == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.300"} for call in calls)
+    # Medians of the timed rounds (warm-ups dropped), summed.
+    assert result["per_worker_images_per_second"] == [110.0, 210.0, 310.0]
+    assert result["images_per_second"] == 630.0 and result["workers"] == 3
+
+
+@pytest.mark.slow
+def test_engine_workers_train_at_once_on_jax():
+    from profiles import engine
+
+    task = dict(engine.TASK, size="tiny", limit=512, rounds=1, num_features=8)
+    result = engine.concurrent_train_path(task, "jax", 2, log=lambda line: None)
+    assert len(result["per_worker_images_per_second"]) == 2 and min(result["per_worker_images_per_second"]) > 0
 
 
 def test_engine_baseline_alternates_processes_and_takes_medians(monkeypatch):
