@@ -88,7 +88,7 @@ def readme_summary(heading):
     return heading + rest[:re.compile(r"^##", re.M).search(rest).start()]
 
 
-@pytest.mark.parametrize("heading, profile", [("### What the `cpu` table says so far", "cpu"),
+@pytest.mark.parametrize("heading, profile", [("### What the `cpu` table says", "cpu"),
                                               ("### The first `reference` runs", "reference")])
 def test_a_readme_summary_quotes_its_report(heading, profile):
     summary = readme_summary(heading)
@@ -99,6 +99,6 @@ def test_a_readme_summary_quotes_its_report(heading, profile):
 
 
 def test_the_readme_summary_of_the_cpu_table_counts_its_runs():
-    summary = readme_summary("### What the `cpu` table says so far")
+    summary = readme_summary("### What the `cpu` table says")
     runs = json.loads((REPO / RESULTS / "cpu" / "aggregate.json").read_text())["runs"]
     assert f"{runs['finished']} of the {runs['planned']} planned runs" in summary
