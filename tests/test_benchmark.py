@@ -625,6 +625,7 @@ def test_two_workers_share_the_queue_and_the_parent_aggregates_and_archives(tmp_
         == ["--seeds", "0"]
 
 
+@pytest.mark.slow  # a real process killed at a chosen moment (pytest.ini); the quick loop keeps the in-process queue tests
 def test_killed_benchmark_resumes_and_aggregates(tmp_path, capsys):
     command = [sys.executable, "-m", "experiments.benchmark", "--profile", "tiny", "--results-dir", str(tmp_path)]
     process = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
