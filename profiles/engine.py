@@ -39,7 +39,9 @@ the device's memory, as ``benchmark --workers N`` trains: every timed round
 starts together (a barrier), and the sum of the workers' medians is the
 device's throughput with N runs at once, compared with one run's
 (``workers_over_one``, target >= 2 at some N). The record's name carries
-every setting that differs from the default.
+every setting that differs from the default; it is written after every
+stage, with ``"complete": false`` until the last, so a run cut short (a
+time-limited slot) keeps what it measured.
 """
 
 import datetime
@@ -172,6 +174,21 @@ def main(argv=None):
         if getattr(args, name) is not None:
             task[name] = None if getattr(args, name) == "all" else getattr(args, name)
     per_backend = {}
+    record = {
+        "command": "python -m profiles.engine " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "device": bench.device_name(),
+        "task": task,
+        "targets": TARGETS,
+        "complete": False,
+        "backends": per_backend,
+    }
+    path = Path(args.out or DEFAULT_OUT) / bench.device_slug() / record_name(task, backends, args.worker_counts or ())
+
+    def save():
+        # After every stage, so a time-limited slot that ends midway keeps what was measured.
+        atomic.write_json(path, record, indent=1, sort_keys=False)
+
     for backend in backends:
         events = run_child(dict(task, subjects=SUBJECTS), backend)
         median, samples = medians(events)
@@ -179,23 +196,17 @@ def main(argv=None):
         per_backend[backend] = {"params": setup["params"], "dtype_policies": setup["dtype_policies"],
                                 "train_images": setup["train_images"],
                                 "images_per_second": median, "samples": samples, "ratios": ratios(median)}
-        if args.worker_counts:
-            concurrent = [concurrent_train_path(task, backend, workers) for workers in args.worker_counts]
-            per_backend[backend]["concurrent"] = concurrent
-            per_backend[backend]["ratios"]["workers_over_one"] = {
-                entry["workers"]: entry["images_per_second"] / median["train_path"] for entry in concurrent}
-    record = {
-        "command": "python -m profiles.engine " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "device": bench.device_name(),
-        "task": task,
-        "targets": TARGETS,
-        "backends": per_backend,
-    }
+        save()
+        for workers in args.worker_counts or ():
+            entry = concurrent_train_path(task, backend, workers)
+            per_backend[backend].setdefault("concurrent", []).append(entry)
+            per_backend[backend]["ratios"].setdefault("workers_over_one", {})[workers] = (
+                entry["images_per_second"] / median["train_path"])
+            save()
     if args.baseline:
         record["baseline"] = baseline_comparison(args.baseline, backends[0], task)
-    path = Path(args.out or DEFAULT_OUT) / bench.device_slug() / record_name(task, backends, args.worker_counts or ())
-    atomic.write_json(path, record, indent=1, sort_keys=False)
+    record["complete"] = True
+    save()
     summary = {backend: {k: round(v, 3) if isinstance(v, float) else {n: round(r, 3) for n, r in v.items()}
                          for k, v in entry["ratios"].items()} for backend, entry in per_backend.items()}
     print(json.dumps({"ratios": summary, "file": str(path)}))

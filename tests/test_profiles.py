@@ -380,6 +380,35 @@ def test_engine_workers_share_the_memory_meet_at_a_barrier_and_add_up(monkeypatc
     assert result["images_per_second"] == 630.0 and result["workers"] == 3
 
 
+def test_engine_record_keeps_every_finished_stage_when_a_later_one_fails(monkeypatch, tmp_path):
+    from profiles import engine
+
+    def fake_child(task, backend, code=engine.REPO, log=print, env=None):
+        return [{"event": "setup", "params": {}, "dtype_policies": {}, "train_images": 10},
+                *({"event": "sample", "subject": subject, "warmup": False, "images_per_second": 100.0}
+                  for subject in task["subjects"])]
+
+    slot_ends_at = [4]
+
+    def fake_workers(task, backend, workers, log=print):
+        if workers in slot_ends_at:
+            raise RuntimeError("the slot ended")
+        return {"workers": workers, "per_worker_images_per_second": [150.0] * workers, "images_per_second": 150.0 * workers}
+
+    monkeypatch.setattr(engine, "run_child", fake_child)
+    monkeypatch.setattr(engine, "concurrent_train_path", fake_workers)
+    argv = ["--backends", "jax", "--worker-counts", "2", "4", "--out", str(tmp_path)]
+    with pytest.raises(RuntimeError, match="the slot ended"):
+        engine.main(argv)
+    (path,) = tmp_path.glob("*/engine-jax-w2-4.json")
+    record = read(path)
+    assert record["complete"] is False and [e["workers"] for e in record["backends"]["jax"]["concurrent"]] == [2]
+    assert record["backends"]["jax"]["ratios"]["workers_over_one"] == {"2": 3.0}
+    slot_ends_at.clear()
+    assert engine.main(argv) == 0
+    assert read(path)["complete"] is True and len(read(path)["backends"]["jax"]["concurrent"]) == 2
+
+
 @pytest.mark.slow
 def test_engine_workers_train_at_once_on_jax():
     from profiles import engine
