@@ -410,6 +410,12 @@ def pack_finished(jobs, root, archive):
     return len(finished)
 
 
+def worker_memory(workers):
+    """The environment that gives one of `workers` processes its share of the accelerator's memory."""
+    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / workers:.3f}"}
+
+
 def run_workers(argv, workers):
     """Run the queue in `workers` processes at once (`--shard k/workers` each); the worst exit status.
 
@@ -419,8 +425,7 @@ def run_workers(argv, workers):
     workers' logs interleave, each whole.
     """
     argv = drop_options(argv, ("--workers", "--archive"))
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", TF_FORCE_GPU_ALLOW_GROWTH="true",
-               XLA_PYTHON_CLIENT_MEM_FRACTION=f"{0.9 / workers:.3f}")
+    env = dict(os.environ, **worker_memory(workers))
     processes = [subprocess.Popen([sys.executable, "-m", "experiments.benchmark", *argv, "--shard", f"{k}/{workers}"],
                                   env=env) for k in range(workers)]
     return max(process.wait() for process in processes)

@@ -60,6 +60,7 @@ from experiments.cli import BACKENDS, parser, start_backend
 start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
 from experiments import atomic
+from experiments.benchmark import worker_memory
 from profiles import bench
 from profiles.__main__ import DEFAULT_OUT
 from profiles.child import EVENT_PREFIX
@@ -81,8 +82,8 @@ def run_child(task, backend, code=REPO, log=print, env=None):
     """Events of one child process measuring `task` with the code at `code` first on the path (`env` added)."""
     # The caller's path stays behind `code`: on a GPU box it holds the Keras installed beside JAX (gpu_run.sh).
     path = os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3",
-               XLA_PYTHON_CLIENT_PREALLOCATE="false", **(env or {}))
+    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3",
+           "XLA_PYTHON_CLIENT_PREALLOCATE": "false", **(env or {})}
     done = subprocess.run([sys.executable, str(CHILD), json.dumps(dict(task, code=str(code)))], cwd=code, env=env,
                           capture_output=True, text=True)
     events = [json.loads(line[len(EVENT_PREFIX):]) for line in done.stdout.splitlines() if line.startswith(EVENT_PREFIX)]
@@ -129,12 +130,12 @@ def baseline_comparison(baseline, backend, task=TASK, log=print):
 def concurrent_train_path(task, backend, workers, log=print):
     """train.py's path in `workers` child processes at once: each one's median images/s, and their sum.
 
-    Each child has 0.9 / workers of the device's memory (as `benchmark
-    --workers` gives) and waits at a barrier (files in a shared folder) before
+    Each child has its share of the device's memory
+    (`benchmark.worker_memory`, as `benchmark --workers` gives) and waits at a barrier (files in a shared folder) before
     every timed round, so the workers' rounds overlap however long each
     one's compilation took.
     """
-    memory = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / workers:.3f}"}
+    memory = worker_memory(workers)
     with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(workers) as pool:
         tasks = [dict(task, subjects=["train_path"], barrier=dict(folder=folder, index=k, count=workers))
                  for k in range(workers)]

@@ -359,6 +359,7 @@ def test_engine_barrier_holds_each_child_until_all_have_arrived(tmp_path):
 
 
 def test_engine_workers_share_the_memory_meet_at_a_barrier_and_add_up(monkeypatch):
+    from experiments import benchmark
     from profiles import engine
 
     calls = []
@@ -374,7 +375,8 @@ def test_engine_workers_share_the_memory_meet_at_a_barrier_and_add_up(monkeypatc
     result = engine.concurrent_train_path(dict(engine.TASK), "jax", 3, log=lambda line: None)
     assert sorted(call[1] for call in calls) == [0, 1, 2]
     assert all(call[0] == ["train_path"] and call[2] == 3 for call in calls)
-    assert all(call[3] == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.300"} for call in calls)
+    assert all(call[3] == benchmark.worker_memory(3) and call[3]["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.300"
+               for call in calls)
     # Medians of the timed rounds (warm-ups dropped), summed.
     assert result["per_worker_images_per_second"] == [110.0, 210.0, 310.0]
     assert result["images_per_second"] == 630.0 and result["workers"] == 3
