@@ -1,5 +1,7 @@
 """Shared pytest set-up for the layer tests (backend-agnostic)."""
 
+import gc
+
 import keras
 import pytest
 
@@ -9,3 +11,18 @@ def fixed_global_seed():
     """Layers built with seed=None and Keras initializers draw the same numbers every run."""
     keras.utils.set_random_seed(1234)
     yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def frozen_heap():
+    """Each module's tests collect garbage among their own objects only.
+
+    The suite builds hundreds of models in one process, and a full collection walks every live
+    object: in-process profiles call `gc.collect()` before each memory reading, which took the
+    profiles fixture from 58 s alone to 188 s at the end of the suite. Freezing what earlier
+    modules left (collected once here) took the layer tests plus that fixture from 157 s to 124 s.
+    """
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
