@@ -217,10 +217,12 @@ def expected_seconds(job, root, statistic=max):
     dataset; where the job sets jit_compile, only runs that ran with its
     setting count (`aggregate.ran_with_xla`: XLA changes an epoch's time by up
     to 1.6x on this project's CPU). Epochs the run already has (a resumed
-    run) are not counted again. `statistic` of their epoch times is the time
-    per epoch: the slowest (the default) for a deadline that must not be
-    overrun, the median for a forecast (a paused or crowded run's epochs
-    inflate the slowest).
+    run) are not counted again. A session's first epoch also compiles the
+    step (on a GPU 4-7x a later epoch), so it is forecast from the first
+    epochs and the rest from the later ones: `statistic` of each is the time,
+    the slowest (the default) for a deadline that must not be overrun, the
+    median for a forecast (a paused or crowded run's epochs inflate the
+    slowest).
     """
     def like_job(folder):
         if not (folder / "metrics.json").is_file():
@@ -233,18 +235,24 @@ def expected_seconds(job, root, statistic=max):
             return False
         return ran_with_xla(config, read_sessions(folder)) == job.config.jit_compile
 
-    def per_epoch_of(folders):
-        seconds = [float(row["epoch_seconds"]) for folder in folders if like_job(folder)
-                   for row in read_history(folder / "history.csv")]
-        return statistic(seconds) if seconds else None
+    def epoch_times_of(folders):
+        runs = [[float(row["epoch_seconds"]) for row in read_history(folder / "history.csv")]
+                for folder in folders if like_job(folder)]
+        runs = [seconds for seconds in runs if seconds]
+        if not runs:
+            return None
+        first = statistic([seconds[0] for seconds in runs])
+        later = [epoch for seconds in runs for epoch in seconds[1:]]
+        return first, statistic(later) if later else first
 
     rows = Path(root) / "runs" / job.dataset
-    per_epoch = (per_epoch_of(job.folder(root).parent.glob("seed*")) or per_epoch_of((rows / job.variant).glob("seed*"))
-                 or per_epoch_of(rows.glob("*/seed*")))
-    if per_epoch is None:
+    times = (epoch_times_of(job.folder(root).parent.glob("seed*")) or epoch_times_of((rows / job.variant).glob("seed*"))
+             or epoch_times_of(rows.glob("*/seed*")))
+    if times is None:
         return None
-    done = len(read_history(job.folder(root) / "history.csv"))
-    return per_epoch * (job.config.epochs - done)
+    first, later = times
+    left = job.config.epochs - len(read_history(job.folder(root) / "history.csv"))
+    return first + later * (left - 1) if left > 0 else 0.0
 
 
 FORECAST_BASIS = ("each queued run at the median epoch of the finished runs of its row with its XLA setting, else "

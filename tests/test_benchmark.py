@@ -571,16 +571,32 @@ def test_a_forecast_counts_only_runs_with_the_jobs_xla_setting(tmp_path):
     assert benchmark.expected_seconds(with_xla(second, None), root, max) == 100.0
 
 
+def test_the_first_epoch_which_compiles_is_forecast_apart_from_the_later_ones(tmp_path):
+    profile = get_profile("tiny")
+    first, second, _, _ = benchmark.plan(profile, tmp_path)
+    root = benchmark.profile_root(tmp_path, profile)
+    second = dataclasses.replace(second, config=dataclasses.replace(second.config, epochs=4))
+    # A GPU run: 40 s to compile and train epoch 1, then 10 s an epoch, one paused to 30 s.
+    _fake_finished_run(first.folder(root), [40.0, 10.0, 30.0, 10.0])
+    assert benchmark.expected_seconds(second, root) == 40.0 + 3 * 30.0  # not 4 x 40 s
+    assert benchmark.expected_seconds(second, root, statistics.median) == 40.0 + 3 * 10.0
+    # A resumed run compiles again in its first epoch: 2 epochs left, one of them the first.
+    second.folder(root).mkdir(parents=True)
+    (second.folder(root) / "history.csv").write_text("epoch,epoch_seconds\n0,40.0\n1,10.0\n")
+    assert benchmark.expected_seconds(second, root) == 40.0 + 30.0
+    (second.folder(root) / "history.csv").write_text("epoch,epoch_seconds\n" + "".join(f"{e},10.0\n" for e in range(4)))
+    assert benchmark.expected_seconds(second, root) == 0.0
+
+
 def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tmp_path, capsys):
     profile = get_profile("tiny")  # 1 epoch per run; softmax-absolute and favor-absolute, seeds 0 and 1
     jobs = benchmark.plan(profile, tmp_path)
     root = benchmark.profile_root(tmp_path, profile)
     first, second, third, fourth = jobs
-    _fake_finished_run(first.folder(root), [600.0, 1200.0, 6000.0])  # the slowest epoch was paused
+    _fake_finished_run(first.folder(root), [1200.0, 600.0, 6000.0])
     # An ablation of a variant without a finished run of its own is forecast from the variant's row.
     ablation = dataclasses.replace(third, variant=first.variant, cell=f"ablations/x/{first.dataset}/{first.variant}-x")
-    assert benchmark.expected_seconds(ablation, root) == 6000.0
-    assert benchmark.expected_seconds(ablation, root, statistics.median) == 1200.0
+    assert benchmark.expected_seconds(ablation, root) == 1200.0  # 1 epoch: the first epoch's time
     lines = []
     benchmark.list_queue(jobs, root, profile, log=lines.append)
     assert lines[:2] == [f"finished  {first.folder(root)}", f"queued    {second.folder(root)}  (about 20 min)"]
