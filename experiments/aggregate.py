@@ -20,10 +20,11 @@ metrics.json) of every planned cell and returns one JSON-ready dict:
   softmax ViT), with softmax at the same position and, for a relative
   position, with its own kernel at absolute positions; each init-from run
   with the same variant trained from scratch;
-* the 2 x 2 of position (absolute, kerple) x q/k normalisation where the
-  normalize_qk rows complete it (`normalization_contrasts`): the position's
-  effect at a fixed normalisation, the normalisation's at a fixed position,
-  and the gap closed by kerple within each normalisation;
+* the 2 x 2 of position (absolute, a relative one) x q/k normalisation
+  wherever the normalize_qk rows complete it (`normalization_contrasts`):
+  the position's effect at a fixed normalisation, the normalisation's at a
+  fixed position, and the gap closed by the position within each
+  normalisation;
 * what the finished runs cost: hours of training epochs per dataset, per
   device and XLA setting, and per part of the queue (`compute_time`).
 
@@ -39,7 +40,7 @@ import numpy as np
 from experiments import atomic, significance
 from experiments.history import read_history, validation_curve
 from experiments.run_config import EXECUTION_FIELDS
-from performer_keras.registry import main_kernels, normalizes_qk
+from performer_keras.registry import POSITIONS, main_kernels, normalizes_qk
 
 CONFIDENCE = significance.CONFIDENCE
 BASELINE = "softmax-absolute"
@@ -271,34 +272,46 @@ def normalization_index(cells):
     return index
 
 
-def normalization_contrasts(cells):
-    """Paired contrasts of the position x q/k normalisation 2 x 2, per dataset and kernel.
+def relative_positions(keys):
+    """The relative positions among `normalization_index` keys, in the registry's order."""
+    present = {position for _, _, position, _ in keys}
+    return [position for position in POSITIONS if position != "absolute" and position in present]
 
-    The four cells of a kernel are <kernel>-absolute and <kernel>-kerple at their
-    default normalisation (variant rows: off and on) and switched (normalize_qk
-    rows). Outside the Holm family: they explain the main table's kerple rows,
-    they are not the question. Returns [{"dataset", "kernel", "contrast",
-    "baseline", **paired test}] for every contrast whose cells all exist.
+
+def normalization_contrasts(cells):
+    """Paired contrasts of the position x q/k normalisation 2 x 2, per dataset, kernel and relative position.
+
+    The four cells of a kernel and a relative position P are <kernel>-absolute
+    and <kernel>-P at their default normalisation (the variant rows: off, and
+    on for kerple) and switched (the normalize_qk rows). Outside the Holm
+    family: they separate the position from the normalisation, and the main
+    table is the question. Returns [{"dataset", "kernel", "contrast",
+    "baseline", **paired test}] for every contrast whose cells all exist,
+    each contrast once (the normalisation's at absolute positions is shared
+    by every P).
     """
     index = normalization_index(cells)
+    switched = [key for key, cell in index.items() if cell["experiment"] == "normalize_qk"]
     contrasts = []
-    for dataset, kernel in dict.fromkeys((d, k) for d, k, p, n in index if p == "kerple" and not n):
+    for dataset, kernel in dict.fromkeys((d, k) for d, k, _, _ in switched):
         def cell(position, normalized, kernel=kernel):
             return index.get((dataset, kernel, position, normalized))
 
         def name(position, normalized, kernel=kernel):
             return f"{kernel}-{position} (q/k norm {'on' if normalized else 'off'})"
 
-        wanted = [(f"kerple - absolute, q/k norm {state}", cell("kerple", on), cell("absolute", on), name("absolute", on))
-                  for state, on in (("on", True), ("off", False))]
-        wanted += [(f"q/k norm on - off, {position}", cell(position, True), cell(position, False), name(position, False))
-                   for position in ("absolute", "kerple")]
-        for state, on in (("on", True), ("off", False)):
-            if kernel != "softmax":
-                others = [cell("kerple", on, "softmax"), cell("absolute", on), cell("absolute", on, "softmax")]
-                wanted.append((f"gap closed by kerple, q/k norm {state}", cell("kerple", on), others,
-                               f"(softmax-kerple) - ({kernel}-absolute - softmax-absolute), all q/k norm {state}"))
-        for contrast, first, rest, baseline in wanted:
+        wanted = []
+        for position in relative_positions(key for key in switched if key[:2] == (dataset, kernel)):
+            wanted += [(f"{position} - absolute, q/k norm {state}", cell(position, on), cell("absolute", on),
+                        name("absolute", on)) for state, on in (("on", True), ("off", False))]
+            wanted += [(f"q/k norm on - off, {p}", cell(p, True), cell(p, False), name(p, False))
+                       for p in ("absolute", position)]
+            for state, on in (("on", True), ("off", False)):
+                if kernel != "softmax":
+                    others = [cell(position, on, "softmax"), cell("absolute", on), cell("absolute", on, "softmax")]
+                    wanted.append((f"gap closed by {position}, q/k norm {state}", cell(position, on), others,
+                                   f"(softmax-{position}) - ({kernel}-absolute - softmax-absolute), all q/k norm {state}"))
+        for contrast, first, rest, baseline in {w[0]: w for w in wanted}.values():
             rest = rest if isinstance(rest, list) else [rest]
             if first is None or not all(rest):
                 continue

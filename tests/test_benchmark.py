@@ -452,6 +452,45 @@ def test_normalisation_rows_complete_the_position_by_normalisation_square(tmp_pa
     assert "q/k normalisation ablation 12 of 12" in readme
 
 
+def test_the_reference_profile_reads_rope_at_a_fixed_normalisation_too(tmp_path):
+    # Seeds 0-2; (kernel, position, q/k normalised) -> accuracies. Favor collapses unnormalised, as it did on the GPU.
+    table = {
+        ("softmax", "absolute", False): (0.980, 0.990, 0.985), ("softmax", "absolute", True): (0.982, 0.984, 0.983),
+        ("softmax", "rope", False): (0.990, 0.991, 0.989), ("softmax", "rope", True): (0.985, 0.987, 0.986),
+        ("softmax", "kerple", True): (0.986, 0.988, 0.987), ("softmax", "kerple", False): (0.987, 0.986, 0.985),
+        ("favor", "absolute", False): (0.970, 0.975, 0.980), ("favor", "absolute", True): (0.981, 0.985, 0.983),
+        ("favor", "rope", False): (0.960, 0.970, 0.975), ("favor", "rope", True): (0.986, 0.984, 0.988),
+        ("favor", "kerple", True): (0.984, 0.986, 0.985), ("favor", "kerple", False): (0.975, 0.977, 0.976),
+    }
+    profile = get_profile("reference")
+    variants = [f"{kernel}-{position}" for position in ("absolute", "rope", "kerple") for kernel in ("softmax", "favor")]
+    jobs = benchmark.plan(profile, tmp_path, variants=variants, datasets=["mnist"], experiments=["variants", "normalize_qk"])
+    root = benchmark.profile_root(tmp_path, profile)
+    assert sorted(job.cell.rpartition("/")[2] for job in jobs if job.experiment == "normalize_qk" and job.seed == 0) == [
+        "favor-absolute-qknorm-on", "favor-kerple-qknorm-off", "favor-rope-qknorm-on",
+        "softmax-absolute-qknorm-on", "softmax-kerple-qknorm-off", "softmax-rope-qknorm-on"]
+    for job in jobs:
+        kernel, _, position = job.variant.partition("-")
+        accuracy = table[(kernel, position, job.config.normalizes_qk)][job.seed]
+        fake_run(job.folder(root), job.config, accuracy, [accuracy], test_examples=10_000)
+    result = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))
+    names = [(c["kernel"], c["contrast"]) for c in result["normalization"]]
+    assert len(names) == len(set(names))  # the normalisation at absolute positions is one contrast, not one per position
+    assert names[:7] == [("softmax", "rope - absolute, q/k norm on"), ("softmax", "rope - absolute, q/k norm off"),
+                         ("softmax", "q/k norm on - off, absolute"), ("softmax", "q/k norm on - off, rope"),
+                         ("softmax", "kerple - absolute, q/k norm on"), ("softmax", "kerple - absolute, q/k norm off"),
+                         ("softmax", "q/k norm on - off, kerple")]
+    contrasts = {name: c for name, c in zip(names, result["normalization"])}
+    assert len(contrasts) == 7 + 11  # softmax: 2 x 2 + 3 shared by position; favor: the same + 2 gaps closed x 2
+    # By hand, the gap closed by rope with q and k normalised, per seed:
+    # (.986-.985)-(.981-.982) = .002, (.984-.987)-(.985-.984) = -.004, (.988-.986)-(.983-.983) = .002; mean 0.
+    assert contrasts[("favor", "gap closed by rope, q/k norm on")]["mean"] == pytest.approx(0.0, abs=1e-12)
+    # Unnormalised: (.960-.990)-(.970-.980) = -.020, (.970-.991)-(.975-.990) = -.006, (.975-.989)-(.980-.985) = -.009.
+    assert contrasts[("favor", "gap closed by rope, q/k norm off")]["mean"] == pytest.approx(-0.035 / 3)
+    readme = report.render(result, {})
+    assert "| dataset | kernel | absolute, norm off | absolute, norm on | rope, norm on | rope, norm off | kerple, norm on" in readme
+
+
 def test_paired_statistics_holm_and_interaction_by_hand(tmp_path):
     # Accuracies of seeds 0, 1, 2. Every difference below has n = 3, so t has 2
     # degrees of freedom, where the two-sided p-value is 1 - t / sqrt(t^2 + 2).
