@@ -1,4 +1,4 @@
-"""Shared pytest set-up for the layer tests (backend-agnostic)."""
+"""Shared pytest set-up for every test module: a fixed global seed and a frozen heap per module."""
 
 import gc
 
