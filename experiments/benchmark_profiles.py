@@ -153,7 +153,9 @@ def reference():
     Expected time: on one NVIDIA H200 with ``--workers 4`` (2026-11-26, the
         first 12 MNIST runs, `scripts/gpu_check.sh`), an MNIST run takes 2
         minutes (116-128 s from start to test, 166 s where it compiles
-        first; 8,000-10,300 training images/s each, four at once). CIFAR-10
+        first; 8,000-10,300 training images/s each, four at once); the 12
+        MNIST q/k normalisation runs, kerple rows among them, trained
+        81-152 s each (their history.csv epochs), four at once. CIFAR-10
         not measured: at 100 epochs of 45,000 images, about 4 times an
         MNIST run. On the 2-core CPU a kerple row's training step at this
         size cost 1.01-1.18x the same kernel's absolute row (the dense
