@@ -22,9 +22,11 @@ stopped when started again, and sessions that each run part of the queue
 result, and `--workers N` trains N queued runs at once in N processes (each its
 share of the accelerator's memory: runs at these sizes are far too small to fill
 a GPU; keep 1 on a CPU). `--max-minutes T` suits a time-limited slot (a batch job, a rented GPU
-hour): a run starts only if the time left covers its expected time (its epochs
-times the slowest epoch of the finished runs of its own row with its XLA
-setting, else of its variant's main-table row, else of its dataset), so the slot ends with finished folders only; `--archive
+hour): a run starts only if the time left covers its expected time (the
+slowest first epoch, which compiles, then the slowest later epoch for each
+epoch after it, of the finished runs of its own row with its XLA setting,
+else of its variant's main-table row, else of its dataset), so the slot ends
+with finished folders only; `--archive
 FILE.tar.gz` then packs the finished run folders (without checkpoints) for the
 trip home, where unpacking them into the results folder adds them to the table.
 Each ablation run whose settings equal a variant row's (m = the profile's m)
@@ -255,8 +257,8 @@ def expected_seconds(job, root, statistic=max):
     return first + later * (left - 1) if left > 0 else 0.0
 
 
-FORECAST_BASIS = ("each queued run at the median epoch of the finished runs of its row with its XLA setting, else "
-                  "of its variant's main-table row, else of its dataset")
+FORECAST_BASIS = ("each queued run at the median first epoch (which compiles) and median later epoch of the finished "
+                  "runs of its row with its XLA setting, else of its variant's main-table row, else of its dataset")
 
 
 def forecast_part(job, profile):
@@ -269,7 +271,7 @@ def forecast(jobs, root, profile):
 
     Returns {"basis", "runs", "hours", "without_forecast", "parts": [{"dataset",
     "part", "runs", "hours", "without_forecast"}], "minutes": {folder: minutes
-    or None}}, parts in queue order; `expected_seconds` at the median epoch,
+    or None}}, parts in queue order; `expected_seconds` at the median epochs,
     so it holds for the machine and load the finished runs had.
     """
     minutes, parts = {}, {}

@@ -646,7 +646,7 @@ def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tm
     assert left["parts"] == [{"dataset": "mnist", "part": "main table", "runs": 3, "hours": 1.0, "without_forecast": 0}]
     assert left["minutes"][str(second.folder(root).relative_to(root))] == 20.0
     assert report.forecast_lines(left)[0].startswith(
-        "Forecast for the 3 queued runs: about 1.0 hours of training epochs (each queued run at the median epoch")
+        "Forecast for the 3 queued runs: about 1.0 hours of training epochs (each queued run at the median first epoch")
     assert report.forecast_lines(left)[0].endswith("`--list` gives each run's): MNIST main table: 3 runs, 1.0 hours.")
     lines.clear()
     benchmark.list_queue([first], root, profile, log=lines.append)
