@@ -142,3 +142,16 @@ def test_gpu_run_stops_in_one_line_where_jax_sees_no_gpu(tmp_path):
     assert done.stderr.strip().splitlines() == [
         "gpu_run.sh: JAX sees no GPU here; install a CUDA JAX first (README: Training on a GPU)"]
     assert not site.exists()
+
+
+@pytest.mark.parametrize("mps, line", [
+    ("2", "gpu_run.sh: PERFORMER_MPS must be 0 or 1, not '2'"),
+    ("1", "gpu_run.sh: PERFORMER_MPS=1 needs nvidia-cuda-mps-control, which is not on PATH"),
+])
+def test_gpu_run_refuses_a_bad_mps_setting_in_one_line_before_anything_runs(tmp_path, mps, line):
+    site = tmp_path / "site"
+    path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"])  # no NVIDIA tools on this CPU
+    done = subprocess.run(["bash", "scripts/gpu_run.sh", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          env=environment(PATH=path, PERFORMER_SITE=str(site), PERFORMER_MPS=mps))
+    assert (done.returncode, done.stderr.strip().splitlines()) == (2, [line])
+    assert not site.exists()
