@@ -38,7 +38,12 @@ reference --limit all --precision mixed_bfloat16``), and ``--worker-counts 2 4
 the device's memory, as ``benchmark --workers N`` trains: every timed round
 starts together (a barrier), and the sum of the workers' medians is the
 device's throughput with N runs at once, compared with one run's
-(``workers_over_one``, target >= 2 at some N). The record's name carries
+(``workers_over_one``, target >= 2 at some N). Where an NVIDIA MPS daemon
+serves the command (``CUDA_MPS_PIPE_DIRECTORY`` set, as ``PERFORMER_MPS=1
+scripts/gpu_run.sh`` does), each N is timed twice, side by side: without
+MPS (the children get no pipe directory, so they take turns on the GPU) and
+with it (``"N+mps"`` in ``workers_over_one``); the one-run reference runs
+without it. The record's name carries
 every setting that differs from the default; it is written after every
 stage, with ``"complete": false`` until the last, so a run cut short (a
 time-limited slot) keeps what it measured.
@@ -74,16 +79,22 @@ SUBJECTS = ["stock", *(f"fit:{variant}" for variant in VARIANTS), "train_path"]
 BASELINE_ROUNDS = 2
 TARGETS = {"softmax_over_stock": 1.0, "favor_over_softmax": 0.9, "relu_over_softmax": 0.9,
            "train_path_over_fit": 0.95, "train_path_over_baseline": 1.5, "workers_over_one": 2.0}
+# Set (to the daemon's pipe folder) where an NVIDIA MPS daemon serves this process's children.
+MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
 # Settings of the task a command line may change, in the order a record's name lists them.
 TASK_OPTIONS = ("dataset", "size", "limit", "precision")
 
 
 def run_child(task, backend, code=REPO, log=print, env=None):
-    """Events of one child process measuring `task` with the code at `code` first on the path (`env` added)."""
+    """Events of one child process measuring `task` with the code at `code` first on the path.
+
+    `env` is added to the environment; a None value removes that variable.
+    """
     # The caller's path stays behind `code`: on a GPU box it holds the Keras installed beside JAX (gpu_run.sh).
     path = os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3",
            "XLA_PYTHON_CLIENT_PREALLOCATE": "false", **(env or {})}
+    env = {name: value for name, value in env.items() if value is not None}
     done = subprocess.run([sys.executable, str(CHILD), json.dumps(dict(task, code=str(code)))], cwd=code, env=env,
                           capture_output=True, text=True)
     events = [json.loads(line[len(EVENT_PREFIX):]) for line in done.stdout.splitlines() if line.startswith(EVENT_PREFIX)]
@@ -127,23 +138,25 @@ def baseline_comparison(baseline, backend, task=TASK, log=print):
             "this_images_per_second": this, "baseline_images_per_second": base, "train_path_over_baseline": this / base}
 
 
-def concurrent_train_path(task, backend, workers, log=print):
+def concurrent_train_path(task, backend, workers, log=print, mps=None):
     """train.py's path in `workers` child processes at once: each one's median images/s, and their sum.
 
     Each child has its share of the device's memory
     (`benchmark.worker_memory`, as `benchmark --workers` gives) and waits at a barrier (files in a shared folder) before
     every timed round, so the workers' rounds overlap however long each
-    one's compilation took.
+    one's compilation took. `mps` False keeps the children off an MPS daemon
+    (`MPS_PIPE` removed), True or None leaves the environment as it is.
     """
-    memory = worker_memory(workers)
+    memory = dict(worker_memory(workers), **({MPS_PIPE: None} if mps is False else {}))
     with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(workers) as pool:
         tasks = [dict(task, subjects=["train_path"], barrier=dict(folder=folder, index=k, count=workers))
                  for k in range(workers)]
         runs = list(pool.map(lambda one: run_child(one, backend, log=lambda line: None, env=memory), tasks))
     per_worker = [statistics.median(medians(events)[1]["train_path"]) for events in runs]
-    log(f"{backend} {workers} workers: " + " + ".join(f"{speed:.0f}" for speed in per_worker)
-        + f" = {sum(per_worker):.0f} images/s")
-    return {"workers": workers, "per_worker_images_per_second": per_worker, "images_per_second": sum(per_worker)}
+    log(f"{backend} {workers} workers{' under MPS' if mps else ''}: "
+        + " + ".join(f"{speed:.0f}" for speed in per_worker) + f" = {sum(per_worker):.0f} images/s")
+    entry = {"workers": workers, "per_worker_images_per_second": per_worker, "images_per_second": sum(per_worker)}
+    return entry if mps is None else dict(entry, mps=mps)
 
 
 def record_name(task, backends, worker_counts=()):
@@ -160,7 +173,7 @@ def record_name(task, backends, worker_counts=()):
     if tuple(backends) != BACKENDS:
         parts += backends
     if worker_counts:
-        parts.append("w" + "-".join(map(str, worker_counts)))
+        parts.append("w" + "-".join(map(str, worker_counts)) + ("-mps" if task.get("mps") else ""))
     return "-".join(parts) + ".json"
 
 
@@ -174,6 +187,11 @@ def main(argv=None):
     for name in TASK_OPTIONS:
         if getattr(args, name) is not None:
             task[name] = None if getattr(args, name) == "all" else getattr(args, name)
+    # Under an MPS daemon, every worker count is timed without and with it; one run, without it.
+    arms = (False, True) if args.worker_counts and os.environ.get(MPS_PIPE) else (None,)
+    if arms != (None,):
+        task["mps"] = True
+    single = {MPS_PIPE: None} if arms != (None,) else None
     per_backend = {}
     record = {
         "command": "python -m profiles.engine " + shlex.join(sys.argv[1:] if argv is None else argv),
@@ -191,7 +209,7 @@ def main(argv=None):
         atomic.write_json(path, record, indent=1, sort_keys=False)
 
     for backend in backends:
-        events = run_child(dict(task, subjects=SUBJECTS), backend)
+        events = run_child(dict(task, subjects=SUBJECTS), backend, env=single)
         median, samples = medians(events)
         setup = next(event for event in events if event["event"] == "setup")
         per_backend[backend] = {"params": setup["params"], "dtype_policies": setup["dtype_policies"],
@@ -199,11 +217,12 @@ def main(argv=None):
                                 "images_per_second": median, "samples": samples, "ratios": ratios(median)}
         save()
         for workers in args.worker_counts or ():
-            entry = concurrent_train_path(task, backend, workers)
-            per_backend[backend].setdefault("concurrent", []).append(entry)
-            per_backend[backend]["ratios"].setdefault("workers_over_one", {})[workers] = (
-                entry["images_per_second"] / median["train_path"])
-            save()
+            for mps in arms:
+                entry = concurrent_train_path(task, backend, workers, mps=mps)
+                per_backend[backend].setdefault("concurrent", []).append(entry)
+                per_backend[backend]["ratios"].setdefault("workers_over_one", {})[f"{workers}{'+mps' if mps else ''}"] = (
+                    entry["images_per_second"] / median["train_path"])
+                save()
     if args.baseline:
         record["baseline"] = baseline_comparison(args.baseline, backends[0], task)
     record["complete"] = True

@@ -392,7 +392,7 @@ def test_engine_record_keeps_every_finished_stage_when_a_later_one_fails(monkeyp
 
     slot_ends_at = [4]
 
-    def fake_workers(task, backend, workers, log=print):
+    def fake_workers(task, backend, workers, log=print, mps=None):
         if workers in slot_ends_at:
             raise RuntimeError("the slot ended")
         return {"workers": workers, "per_worker_images_per_second": [150.0] * workers, "images_per_second": 150.0 * workers}
@@ -409,6 +409,38 @@ def test_engine_record_keeps_every_finished_stage_when_a_later_one_fails(monkeyp
     slot_ends_at.clear()
     assert engine.main(argv) == 0
     assert read(path)["complete"] is True and len(read(path)["backends"]["jax"]["concurrent"]) == 2
+
+
+def test_engine_under_an_mps_daemon_times_each_worker_count_without_and_with_it(monkeypatch, tmp_path):
+    from profiles import engine
+    from profiles.child import EVENT_PREFIX
+
+    monkeypatch.setenv(engine.MPS_PIPE, str(tmp_path / "mps-pipe"))
+    children = []
+
+    def fake_process(command, cwd, env, capture_output, text):
+        # One engine child: train_path at 100 images/s alone or without MPS, 150 each under it.
+        task = json.loads(command[2])
+        under_mps = engine.MPS_PIPE in env
+        children.append((task["subjects"], under_mps))
+        events = [{"event": "start", "experiments_from": str(engine.REPO)},
+                  {"event": "setup", "params": {}, "dtype_policies": {}, "train_images": 10},
+                  *({"event": "sample", "subject": subject, "warmup": False,
+                     "images_per_second": 150.0 if under_mps else 100.0} for subject in task["subjects"]),
+                  {"event": "done"}]
+        stdout = "".join(EVENT_PREFIX + json.dumps(event) + "\n" for event in events)
+        return subprocess.CompletedProcess(command, 0, stdout=stdout, stderr="")
+
+    monkeypatch.setattr(engine.subprocess, "run", fake_process)
+    assert engine.main(["--backends", "jax", "--worker-counts", "2", "--out", str(tmp_path)]) == 0
+    # The one-run reference without MPS, then 2 workers without it, then 2 under it.
+    assert children == [(engine.SUBJECTS, False), *[(["train_path"], False)] * 2, *[(["train_path"], True)] * 2]
+    (path,) = tmp_path.glob("*/engine-jax-w2-mps.json")
+    record = read(path)
+    assert record["task"]["mps"] is True
+    assert [(entry["mps"], entry["images_per_second"]) for entry in record["backends"]["jax"]["concurrent"]] == [
+        (False, 200.0), (True, 300.0)]
+    assert record["backends"]["jax"]["ratios"]["workers_over_one"] == {"2": 2.0, "2+mps": 3.0}
 
 
 @pytest.mark.slow
