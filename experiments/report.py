@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 from experiments import atomic
-from experiments.aggregate import (BASELINE, common_timing_group, group_mean, is_main_variant, normalization_index, relative_positions,
-                                  queue_part, timing_ratio)
+from experiments.aggregate import (BASELINE, common_timing_group, group_mean, is_main_variant, normalization_index,
+                                  queue_part, relative_positions, timing_ratio)
 from experiments.benchmark import profile_root, selected_jobs, write_aggregate
 from experiments.benchmark_figures import dataset_name, plot_curves, plot_pareto
 from experiments.benchmark_profiles import PROFILES, get_profile

@@ -188,10 +188,11 @@ def main(argv=None):
         if getattr(args, name) is not None:
             task[name] = None if getattr(args, name) == "all" else getattr(args, name)
     # Under an MPS daemon, every worker count is timed without and with it; one run, without it.
-    arms = (False, True) if args.worker_counts and os.environ.get(MPS_PIPE) else (None,)
-    if arms != (None,):
+    under_mps = bool(args.worker_counts and os.environ.get(MPS_PIPE))
+    arms = (False, True) if under_mps else (None,)
+    if under_mps:
         task["mps"] = True
-    single = {MPS_PIPE: None} if arms != (None,) else None
+    single = {MPS_PIPE: None} if under_mps else None
     per_backend = {}
     record = {
         "command": "python -m profiles.engine " + shlex.join(sys.argv[1:] if argv is None else argv),
