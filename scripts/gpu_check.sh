@@ -5,6 +5,8 @@
 # is packed before the slot's end: OUT_DIR gets engine.log, benchmark.log and results.tar.gz (the
 # engine JSON and every finished run folder, no checkpoints; `tar -xzf` it in the repository root).
 # Usage: scripts/gpu_check.sh WHEELS_DIR OUT_DIR SECONDS [benchmark options, e.g. --workers 4]
+# WORKER_COUNTS="4" times fewer concurrent settings than the default "2 4 8"; PERFORMER_MPS=1 (gpu_run.sh)
+# runs both parts under NVIDIA MPS, where the engine times each count without and with it.
 set -uo pipefail
 usage="usage: scripts/gpu_check.sh WHEELS_DIR OUT_DIR SECONDS [benchmark options]"
 wheels=${1:?$usage} out=${2:?$usage} seconds=${3:?$usage}
@@ -17,7 +19,8 @@ end=$((SECONDS + seconds))
 nvidia-smi -L
 # The engine first (the check's targets), with 60% of the time; the queue gets the rest.
 timeout $((seconds * 3 / 5)) bash scripts/gpu_run.sh "$wheels" profiles.engine --backends jax --dataset cifar10 \
-    --size reference --limit all --precision mixed_bfloat16 --rounds 2 --worker-counts 2 4 8 2>&1 | tee "$out/engine.log"
+    --size reference --limit all --precision mixed_bfloat16 --rounds 2 --worker-counts ${WORKER_COUNTS:-2 4 8} 2>&1 \
+    | tee "$out/engine.log"
 left=$((end - SECONDS - 20))  # 20 s for the archive
 if ((left > 60)); then
     # --max-minutes stops new runs in time; timeout ends a first run that could not be judged in advance.
