@@ -285,7 +285,8 @@ def normalization_contrasts(cells):
     and <kernel>-P at their default normalisation (the variant rows: off, and
     on for kerple) and switched (the normalize_qk rows). Outside the Holm
     family: they separate the position from the normalisation, and the main
-    table is the question. Returns [{"dataset", "kernel", "contrast",
+    table is the question. For a linear kernel the gap to softmax is read
+    at each normalisation too. Returns [{"dataset", "kernel", "contrast",
     "baseline", **paired test}] for every contrast whose cells all exist,
     each contrast once (the normalisation's at absolute positions is shared
     by every P).
@@ -308,6 +309,8 @@ def normalization_contrasts(cells):
                        for p in ("absolute", position)]
             for state, on in (("on", True), ("off", False)):
                 if kernel != "softmax":
+                    wanted += [(f"gap to softmax, {p}, q/k norm {state}", cell(p, on), cell(p, on, "softmax"),
+                                name(p, on, "softmax")) for p in ("absolute", position)]
                     others = [cell(position, on, "softmax"), cell("absolute", on), cell("absolute", on, "softmax")]
                     wanted.append((f"gap closed by {position}, q/k norm {state}", cell(position, on), others,
                                    f"(softmax-{position}) - ({kernel}-absolute - softmax-absolute), all q/k norm {state}"))

@@ -428,6 +428,10 @@ def test_normalisation_rows_complete_the_position_by_normalisation_square(tmp_pa
         ("favor", "kerple - absolute, q/k norm off"): mean_of(("favor", "kerple", False), ("favor", "absolute", False)),
         ("favor", "q/k norm on - off, absolute"): mean_of(("favor", "absolute", True), ("favor", "absolute", False)),
         ("favor", "q/k norm on - off, kerple"): mean_of(("favor", "kerple", True), ("favor", "kerple", False)),
+        ("favor", "gap to softmax, absolute, q/k norm on"): mean_of(("favor", "absolute", True), ("softmax", "absolute", True)),
+        ("favor", "gap to softmax, absolute, q/k norm off"): mean_of(("favor", "absolute", False), ("softmax", "absolute", False)),
+        ("favor", "gap to softmax, kerple, q/k norm on"): mean_of(("favor", "kerple", True), ("softmax", "kerple", True)),
+        ("favor", "gap to softmax, kerple, q/k norm off"): mean_of(("favor", "kerple", False), ("softmax", "kerple", False)),
         ("favor", "gap closed by kerple, q/k norm on"): mean_of(
             ("favor", "kerple", True), ("softmax", "kerple", True), ("favor", "absolute", True), ("softmax", "absolute", True)),
         ("favor", "gap closed by kerple, q/k norm off"): mean_of(
@@ -481,7 +485,11 @@ def test_the_reference_profile_reads_rope_at_a_fixed_normalisation_too(tmp_path)
                          ("softmax", "kerple - absolute, q/k norm on"), ("softmax", "kerple - absolute, q/k norm off"),
                          ("softmax", "q/k norm on - off, kerple")]
     contrasts = {name: c for name, c in zip(names, result["normalization"])}
-    assert len(contrasts) == 7 + 11  # softmax: 2 x 2 + 3 shared by position; favor: the same + 2 gaps closed x 2
+    # Per kernel: P - absolute at each normalisation (2 per P), the normalisation at each position (1 + 1 per P);
+    # favor also its gap to softmax at each position and normalisation (2 + 2 per P) and the gap closed (2 per P).
+    assert len(contrasts) == (2 * 2 + 1 + 2) + (2 * 2 + 1 + 2 + 2 + 2 * 2 + 2 * 2)
+    # By hand, favor's gap to softmax at absolute positions, normalised: (.981-.982, .985-.984, .983-.983), mean 0.
+    assert contrasts[("favor", "gap to softmax, absolute, q/k norm on")]["mean"] == pytest.approx(0.0, abs=1e-12)
     # By hand, the gap closed by rope with q and k normalised, per seed:
     # (.986-.985)-(.981-.982) = .002, (.984-.987)-(.985-.984) = -.004, (.988-.986)-(.983-.983) = .002; mean 0.
     assert contrasts[("favor", "gap closed by rope, q/k norm on")]["mean"] == pytest.approx(0.0, abs=1e-12)
