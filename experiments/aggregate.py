@@ -23,8 +23,8 @@ metrics.json) of every planned cell and returns one JSON-ready dict:
 * the 2 x 2 of position (absolute, a relative one) x q/k normalisation
   wherever the normalize_qk rows complete it (`normalization_contrasts`):
   the position's effect at a fixed normalisation, the normalisation's at a
-  fixed position, and the gap closed by the position within each
-  normalisation;
+  fixed position, a linear kernel's gap to softmax and the gap closed by
+  the position within each normalisation;
 * what the finished runs cost: hours of training epochs per dataset, per
   device and XLA setting, and per part of the queue (`compute_time`).
 
