@@ -314,13 +314,13 @@ def cpu():
     Expected time, from the committed runs: the report's "Compute" section
         sums their history.csv epochs per dataset, device and XLA setting and
         per part of the queue (a whole part's sum no longer changes), and
-        `--list` forecasts each queued run from the median epoch of the
-        finished runs like it. The CIFAR-10 main table's 36 runs took 22.3
-        hours of training epochs, 13.1 of them in the 13 runs without XLA
-        (19-161 minutes a run, often beside other work). MNIST's main table
-        (55,000 images, 50 tokens) is still running: about 20 minutes a run
-        with XLA on the EPYC, the report has its sum so far and the
-        forecast of the runs left. The whole table costs
+        `--list` forecasts each queued run from the median first and later
+        epochs of the finished runs like it. The CIFAR-10 main table's 36 runs
+        took 22.3 hours of training epochs, 13.1 of them in the 13 runs
+        without XLA (19-161 minutes a run, often beside other work); MNIST's
+        main table (55,000 images, 50 tokens) 12.1 hours, 13-28 minutes a
+        run with XLA on the EPYC; the 12 q/k normalisation runs 5.5 hours.
+        The whole table costs
         two to three times the 18 hours issue 16 allowed, because 40 epochs
         were needed for 65% on CIFAR-10 and for 98.5% on MNIST.
         Resumable: each session adds to the same folders.
