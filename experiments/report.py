@@ -559,7 +559,7 @@ def render_readme_section(reports):
             runs shows its main table and the gaps; one without shows a line
             saying what is missing and how to run it.
     """
-    lines = ["## Results", ""]
+    lines = ["## Results tables", ""]
     for aggregated, report_path in reports:
         settings = ", ".join(f"{k} {v}" for k, v in aggregated["settings"].items())
         epochs = ", ".join(f"{dataset_name(d)} {e}" for d, e in aggregated["epochs"].items())
