@@ -1,5 +1,6 @@
 """Multi-head attention with a pluggable kernel and position encoding."""
 
+import math
 import warnings
 
 import keras
@@ -25,13 +26,26 @@ def merge_heads(x):
 
 
 TOEPLITZ_PATHS = ("auto", "dense", "fft")
-# Up to this many tokens, kernelized kerple builds the N x N weights (dense path);
-# above, it correlates by FFT. Measured on a 2-core CPU, `dense_max_tokens` of
-# profiles/results/cpu-epyc-2core/tensorflow/kerple_paths.json: the dense path trained
-# faster at every N measured, up to 4,097 tokens (1.7 times faster there at the `cpu`
-# profile's shape). Above, the FFT path is taken for its memory, linear in N, where
-# the dense weights grow as N^2 (268 MiB per head and example at 8,193 tokens).
-DENSE_TOEPLITZ_MAX_TOKENS = 4097
+# "auto" takes the path that a cost model predicts faster for the layer's N, m and d
+# (`toeplitz_costs`): the FFT path where FFT_COST_FACTOR times its multiply-adds are fewer
+# than the dense path's. No token count alone can choose: the FFT path correlates m (d + 1)
+# channels, the dense path multiplies by m + d, so at m = 16, d = 16 the FFT path trained
+# faster from 8,193 tokens on a 2-core CPU and at m = 64, d = 32 not up to 16,385. The factor
+# (the FFT path's multiply-adds run that many times slower than the dense path's matmuls:
+# memory-bound transforms against compute-bound products) is `fft_cost_factor` of
+# profiles/results/cpu-epyc-2core/tensorflow/kerple_paths.json, the geometric middle of the
+# factors that choose the faster path at every point it measured.
+FFT_COST_FACTOR = 13.7
+# Up to this many float32 weights per example (heads x N^2; 512 MiB) the dense path forms
+# them in one piece (4,097 tokens with 4 heads, the `cpu` profile's, as `kerple_paths` has
+# measured the path since 2026-11-25). Above, it forms them in blocks of grid rows of at most
+# DENSE_BLOCK_ELEMENTS each, recomputed in the backward pass (`keras.remat`): memory
+# O(block x N) instead of O(N^2), for one more forward pass of the products. Small blocks,
+# because TensorFlow runs independent blocks at once: blocks of 2**27 at 16,385 tokens (batch
+# 4, 4 heads) took 22 GB and were killed in a `kerple_paths` run of 2026-11-26 (the kernel's
+# log; no committed file keeps that reading).
+DENSE_ONE_PIECE_ELEMENTS = 2**27
+DENSE_BLOCK_ELEMENTS = 2**25
 # The FFT path correlates m (d + 1) channels per head over a padded grid of about 4N
 # points, several such tensors at once forward and more kept for the backward pass
 # (16,385 tokens at m = 64, d = 32: 1.1 GB each per example). Above this many float32
@@ -43,11 +57,37 @@ DENSE_TOEPLITZ_MAX_TOKENS = 4097
 FFT_CHUNK_ELEMENTS = 2**25
 
 
-def feature_chunks(num_features, elements_per_feature, budget):
-    """[(start, stop), ...]: `num_features` split into the fewest chunks of at most `budget` elements (one feature at least), sizes differing by at most 1."""
-    size = max(1, budget // elements_per_feature)
-    count = -(-num_features // size)
-    return [(num_features * i // count, num_features * (i + 1) // count) for i in range(count)]
+def even_chunks(count, elements_per_item, budget):
+    """[(start, stop), ...]: `count` items (features, grid rows) split into the fewest chunks of at most `budget` elements (one item at least), sizes differing by at most 1."""
+    size = max(1, budget // elements_per_item)
+    chunks = -(-count // size)
+    return [(count * i // chunks, count * (i + 1) // chunks) for i in range(chunks)]
+
+
+def toeplitz_costs(tokens, fft_shape, num_features, head_dim):
+    """(dense, fft): multiply-adds per head and example of kernelized kerple's two exact paths.
+
+    Dense: the N x N products phi(Q) phi(K)^T (m each) and W V (d each).
+    FFT: m (d + 1) channels, each through a 2D transform and its inverse on
+    the P x Q padded grid, counted as P Q log2(P Q).
+    """
+    rows, cols = fft_shape
+    dense = tokens**2 * (num_features + head_dim)
+    fft = num_features * (head_dim + 1) * rows * cols * math.log2(rows * cols)
+    return dense, fft
+
+
+def weighted_average(phi_q, keys, v, position_weights=None):
+    """sum_j w_ij v_j / sum_j w_ij with w_ij = phi(q_i)^T phi(k_j), times `position_weights` (.., N_q, N) if given.
+
+    `keys` is phi(K) transposed, (batch, heads, m, N). The normaliser is the
+    weights' row sum: a product with [v, 1] instead has the odd width d + 1,
+    which XLA's CPU matmuls run far slower.
+    """
+    weights = ops.matmul(phi_q, keys)
+    if position_weights is not None:
+        weights = weights * position_weights
+    return ops.matmul(weights, v) / ops.sum(weights, axis=-1, keepdims=True)
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -79,9 +119,11 @@ class KernelAttention(keras.layers.Layer):
                 phi(k_j) in numerator and normaliser for linear kernels, by
                 one of two exact algorithms (`toeplitz_path`): dense, the
                 N x N weights exp(B) * (phi(Q) phi(K)^T) times V over their
-                row sums, in O(N^2 (m + d)) time and O(N^2) memory, or FFT, a 2D
-                cross-correlation of phi(k_j) (x) [v_j, 1] in O(N log N m d)
-                time and O(N m d) memory. q and k are l2-normalised first by
+                row sums, in O(N^2 (m + d)) time and O(N^2) memory (in
+                blocks of grid rows above `DENSE_ONE_PIECE_ELEMENTS`:
+                O(block N)),
+                or FFT, a 2D cross-correlation of phi(k_j) (x) [v_j, 1] in
+                O(N log N m d) time and O(N m d) memory. q and k are l2-normalised first by
                 default (`normalize_qk`), the paper's source of stability.
     Prefix (CLS) tokens have no grid position: they are not rotated (as if
     at the origin) and take Toeplitz bias 0 with every token.
@@ -121,8 +163,11 @@ class KernelAttention(keras.layers.Layer):
         fused: softmax only: `ops.dot_product_attention` (flash attention
             where the backend has it) instead of the explicit matmuls.
         toeplitz_path: kerple with a linear kernel: "dense", "fft", or
-            "auto" (default): dense up to `DENSE_TOEPLITZ_MAX_TOKENS` tokens,
-            FFT above. `toeplitz_path_used` says which one the layer runs.
+            "auto" (default): the one `toeplitz_costs` and the measured
+            `FFT_COST_FACTOR` predict faster for this N, m and d (on square
+            grids dense below about 7,600 tokens at m = 16, d = 16 and below
+            about 20,400 at m = 64, d = 32). `toeplitz_path_used` says which
+            one the layer runs.
             Above `FFT_CHUNK_ELEMENTS` per example the FFT path takes the
             features in chunks recomputed in the backward pass: less
             training memory for one more forward pass of the correlation.
@@ -226,7 +271,8 @@ class KernelAttention(keras.layers.Layer):
         if self.toeplitz_path != "auto":
             return self.toeplitz_path
         tokens = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
-        return "dense" if tokens <= DENSE_TOEPLITZ_MAX_TOKENS else "fft"
+        dense, fft = toeplitz_costs(tokens, self.toeplitz.fft_shape, self.features.feature_dim, self.head_dim)
+        return "fft" if FFT_COST_FACTOR * fft < dense else "dense"
 
     @property
     def normalizes(self):
@@ -360,19 +406,34 @@ class KernelAttention(keras.layers.Layer):
 
     def _linear_toeplitz(self, phi_q, phi_k, v):
         if self.toeplitz_path_used == "dense":
-            # w_ij = exp(b[p_j - p_i]) phi(q_i)^T phi(k_j): the N x N weights, formed once. The
-            # normaliser is their row sum: a product with [v, 1] instead has the odd width d + 1,
-            # which XLA's CPU matmuls run far slower.
-            weights = ops.matmul(phi_q, ops.transpose(phi_k, (0, 1, 3, 2))) * self.toeplitz.weight_matrix()[None]
-            return ops.matmul(weights, v) / ops.sum(weights, axis=-1, keepdims=True)  # (batch, heads, N, d)
+            keys = ops.transpose(phi_k, (0, 1, 3, 2))
+            tokens = ops.shape(phi_q)[2]
+            if self.num_heads * tokens * tokens <= DENSE_ONE_PIECE_ELEMENTS:
+                return weighted_average(phi_q, keys, v, self.toeplitz.weight_matrix()[None])
+            return self._dense_toeplitz_blocks(phi_q, keys, v)
         m, d = ops.shape(phi_q)[-1], ops.shape(v)[-1]
         v_ones = ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)  # (batch, heads, N, d+1)
         rows, cols = self.toeplitz.fft_shape
-        chunks = feature_chunks(m, self.num_heads * (d + 1) * rows * cols, FFT_CHUNK_ELEMENTS)
+        chunks = even_chunks(m, self.num_heads * (d + 1) * rows * cols, FFT_CHUNK_ELEMENTS)
         correlate = self._correlate_features if len(chunks) == 1 else keras.remat(self._correlate_features)
         spectrum = self.toeplitz.kernel_spectrum()
         out = sum(correlate(phi_q[..., a:b], phi_k[..., a:b], v_ones, *spectrum) for a, b in chunks)
         return out[..., :d] / out[..., d:]
+
+    def _dense_toeplitz_blocks(self, phi_q, keys, v):
+        """The dense path with the query rows in blocks of grid rows, each recomputed in the backward pass."""
+        height, width = self.grid_size
+        p = self.num_prefix_tokens
+        tokens = p + height * width
+        table = self.toeplitz.weight_table()
+        # Prefix queries weigh every key by 1: plain kernelized attention.
+        outputs = [weighted_average(phi_q[:, :, :p], keys, v)] if p else []
+        for first, last in even_chunks(height, self.num_heads * width * tokens, DENSE_BLOCK_ELEMENTS):
+            def block(phi_q, keys, v, table, first=first, last=last):
+                return weighted_average(phi_q, keys, v, self.toeplitz.weight_rows(table, first, last)[None])
+
+            outputs.append(keras.remat(block)(phi_q[:, :, p + first * width:p + last * width], keys, v, table))
+        return ops.concatenate(outputs, axis=2)
 
     def _correlate_features(self, phi_q, phi_k, v_ones, spectrum_real, spectrum_imag):
         """sum_j exp(b[p_j - p_i]) phi(q_i)^T phi(k_j) [v_j, 1] over these features: (batch, heads, N, d+1)."""

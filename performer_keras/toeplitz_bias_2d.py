@@ -100,21 +100,25 @@ class ToeplitzBias2D(keras.layers.Layer):
             name="bias", shape=(self.num_heads, 2 * height - 1, 2 * width - 1), initializer="zeros"
         )
 
-    def _spread(self, table, prefix_value):
+    def _spread(self, table, prefix_value, grid_rows=None):
         """(heads, N, N): `table` (heads, 2H-1, 2W-1) at offset p_j - p_i, `prefix_value` on prefix rows and columns.
 
+        With `grid_rows` = (first, last), only the rows of the patch queries
+        in grid rows first..last-1: (heads, (last - first) W, N).
         Two gathers with (H, H) and (W, W) offset indices, then a transpose:
         one gather with an (HW, HW) index would hold N^2 integers beside the
         result (1 GiB at 16,384 patches).
         """
         height, width = self.grid_size
+        first, last = grid_rows or (0, height)
         rows, cols = np.arange(height), np.arange(width)
-        values = ops.take(table, rows[None, :] - rows[:, None] + height - 1, axis=1)  # (heads, r_i, r_j, 2W-1)
+        values = ops.take(table, rows[None, :] - rows[first:last, None] + height - 1, axis=1)  # (heads, r_i, r_j, 2W-1)
         values = ops.take(values, cols[None, :] - cols[:, None] + width - 1, axis=3)  # (heads, r_i, r_j, c_i, c_j)
         values = ops.transpose(values, (0, 1, 3, 2, 4))  # (heads, r_i, c_i, r_j, c_j): row-major patches
-        patch_values = ops.reshape(values, (self.num_heads, height * width, height * width))
+        patch_values = ops.reshape(values, (self.num_heads, (last - first) * width, height * width))
         p = self.num_prefix_tokens
-        return ops.pad(patch_values, [[0, 0], [p, 0], [p, 0]], constant_values=prefix_value)
+        query_pad = 0 if grid_rows else p
+        return ops.pad(patch_values, [[0, 0], [query_pad, 0], [p, 0]], constant_values=prefix_value)
 
     def bias_matrix(self):
         """(heads, N, N) additive logit bias b[p_j - p_i], 0 on prefix rows and columns."""
@@ -126,7 +130,20 @@ class ToeplitzBias2D(keras.layers.Layer):
         Equal to exp(bias_matrix()), with the exp taken over the (2H-1)(2W-1)
         table instead of the N^2 entries, forward and backward.
         """
-        return self._spread(ops.exp(ops.cast(self.bias, "float32")), 1.0)
+        return self._spread(self.weight_table(), 1.0)
+
+    def weight_table(self):
+        """(heads, 2H-1, 2W-1) float32 exp(b): the multiplicative weight of every offset."""
+        return ops.exp(ops.cast(self.bias, "float32"))
+
+    def weight_rows(self, table, first, last):
+        """(heads, (last - first) W, N): the rows of `weight_matrix()` of the patch queries in grid rows first..last-1.
+
+        Gathered from `table` (`weight_table()`, passed in so that a caller
+        recomputing a block in the backward pass, under `keras.remat`, reads
+        no variable inside it), so no N x N tensor is formed.
+        """
+        return self._spread(table, 1.0, (first, last))
 
     def call(self, values, use_fft=True):
         values = ops.cast(values, "float32")
@@ -150,7 +167,7 @@ class ToeplitzBias2D(keras.layers.Layer):
         rows, cols = self.fft_shape
         # Kernel K[dr mod P, dc mod Q] = exp(b[dr, dc]): zeros between the largest positive and
         # negative offsets, then offset 0 rolled to index 0.
-        kernel = ops.pad(ops.exp(ops.cast(self.bias, "float32")),
+        kernel = ops.pad(self.weight_table(),
                          [[0, 0], [0, rows - 2 * height + 1], [0, cols - 2 * width + 1]])
         kernel = ops.roll(kernel, (1 - height, 1 - width), axis=(1, 2))
         return real_fft2(kernel, (rows, cols))

@@ -9,11 +9,19 @@ compiled once per point (`scaling.compiled_passes`), in two shapes
 reference size's heads of dimension 32 with m = 64. The two paths of a grid
 are measured alternately, `ROUNDS` times, and the median of each is kept, so
 both see the same machine; a shape stops once the FFT path has won at two
-grids in a row. The crossover is the smallest N from which the FFT path
-trains faster; `KernelAttention`'s default `DENSE_TOEPLITZ_MAX_TOKENS` is
-`dense_max_tokens` of the committed file: the largest measured N below that
-crossover, where the dense path still won, or, where no shape reached a
-crossover, the largest N measured (README, "KERPLE's two paths").
+grids in a row. Above `DENSE_ONE_PIECE_ELEMENTS` the dense path runs in blocks
+of grid rows (its memory stays O(block N)), so both paths run at every grid.
+
+Where the FFT path wins depends on m and d, not on N alone, so `"auto"`
+compares the two paths' multiply-adds (`kernel_attention.toeplitz_costs`)
+with the FFT path's weighted by a factor: each point's `fft_over_dense_model`
+is the ratio of the counts, and the point says the factor must be at least
+1 / that ratio where the dense path trained faster and below it where the
+FFT path did. `fft_cost_factor` is the geometric middle of the interval
+that every measured point allows (`factor_interval`; `consistent` is false
+where no factor fits every point, and the middle of the two bounds is kept);
+`KernelAttention`'s `FFT_COST_FACTOR` is the committed file's value
+(README, "KERPLE's two paths").
 """
 
 import datetime
@@ -32,20 +40,18 @@ import keras
 from experiments import atomic
 from profiles import bench
 from profiles.__main__ import DEFAULT_OUT
+from performer_keras.kernel_attention import toeplitz_costs
+from performer_keras.toeplitz_bias_2d import fast_fft_length
 from profiles.scaling import SCALING_CONFIG, build_subject, compiled_passes, grid_for, subject_inputs, time_calls
 
-# Beyond 4,096 patches the dense path's N x N weights are the risk (at 8,192 patches, batch 4
-# and 4 heads, 4 GiB a tensor), whatever the time: there `"auto"` takes the FFT path for its
-# memory linear in N.
-PATCHES = (16, 64, 256, 576, 1024, 2304, 4096)
+PATCHES = (16, 64, 256, 576, 1024, 2304, 4096, 8192, 16384)
 PATHS = ("dense", "fft")
 MODES = ("forward", "train")
 ROUNDS = 3
-# (layer config, patch grids): the reference shape's FFT correlates 7.8 times the channels
-# per head, so its sweep stops at 1,024 patches, where the dense path is far ahead.
+# (layer config, patch grids).
 SHAPES = {
     "cpu": (dict(SCALING_CONFIG, width=64, heads=4, num_features=16, batch_size=4), PATCHES),
-    "reference": (dict(SCALING_CONFIG, width=256, heads=8, num_features=64, batch_size=1), PATCHES[:5]),
+    "reference": (dict(SCALING_CONFIG, width=256, heads=8, num_features=64, batch_size=1), PATCHES),
 }
 
 
@@ -73,11 +79,39 @@ def measure(config, patches=PATCHES, rounds=ROUNDS, kernel="favor", log=print):
         row = {"patches": count, "tokens": count + 1, "grid": list(grid_for(count))}
         row.update({f"{path}_{mode}_ms": statistics.median(values) for (path, mode), values in samples.items()})
         row["fft_over_dense_train"] = row["fft_train_ms"] / row["dense_train_ms"]
+        row["fft_over_dense_model"] = model_ratio(count, config)
         log(f"N={row['tokens']}: train dense {row['dense_train_ms']:.2f} ms, fft {row['fft_train_ms']:.2f} ms")
         rows.append(row)
         if len(rows) >= 2 and all(r["fft_over_dense_train"] < 1 for r in rows[-2:]):
             break
     return rows
+
+
+def model_ratio(patches, config):
+    """The FFT path's multiply-adds over the dense path's (`toeplitz_costs`) for `patches` patches plus CLS."""
+    height, width = grid_for(patches)
+    fft_shape = fast_fft_length(2 * height - 1), fast_fft_length(2 * width - 1)
+    dense, fft = toeplitz_costs(patches + 1, fft_shape, config["num_features"], config["width"] // config["heads"])
+    return fft / dense
+
+
+def factor_interval(rows):
+    """(low, high, consistent): the FFT cost factors that pick the faster path at every row.
+
+    `"auto"` takes the dense path where factor x fft_over_dense_model >= 1,
+    so a row where the dense path trained faster asks factor >= 1 / ratio
+    (low: the largest such bound), one where the FFT path did asks
+    factor < 1 / ratio (high: the smallest). None where no row asks.
+    """
+    dense_won = [1 / r["fft_over_dense_model"] for r in rows if r["dense_train_ms"] <= r["fft_train_ms"]]
+    fft_won = [1 / r["fft_over_dense_model"] for r in rows if r["fft_train_ms"] < r["dense_train_ms"]]
+    low, high = max(dense_won, default=None), min(fft_won, default=None)
+    return low, high, low is None or high is None or low < high
+
+
+def fft_cost_factor(low, high):
+    """The geometric middle of (low, high); None unless both bounds were measured."""
+    return None if low is None or high is None else (low * high) ** 0.5
 
 
 def dense_max(rows):
@@ -93,19 +127,6 @@ def crossover(rows):
     return None
 
 
-def default_dense_max(shapes):
-    """KernelAttention's DENSE_TOEPLITZ_MAX_TOKENS from {shape: {"crossover_tokens", "dense_max_tokens"}}.
-
-    The dense path up to the last N where it measured faster before a
-    crossover, in the shape that crosses first; with no crossover in any
-    shape, up to the largest N where it measured faster (above it the FFT
-    path is taken for its memory linear in N).
-    """
-    crossing = [s["dense_max_tokens"] for s in shapes.values() if s["crossover_tokens"] and s["dense_max_tokens"]]
-    measured = [s["dense_max_tokens"] for s in shapes.values() if s["dense_max_tokens"]]
-    return min(crossing) if crossing else max(measured, default=None)
-
-
 def main(argv=None):
     args = parser("python -m profiles.kerple_paths", __doc__, "out").parse_args(argv)
     result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
@@ -115,6 +136,7 @@ def main(argv=None):
         shapes[name] = {"layer": dict(config, kernel="favor", position="kerple"), "points": rows,
                         "crossover_tokens": crossover(rows), "dense_max_tokens": dense_max(rows)}
     crossovers = [shape["crossover_tokens"] for shape in shapes.values() if shape["crossover_tokens"]]
+    low, high, consistent = factor_interval([row for shape in shapes.values() for row in shape["points"]])
     record = {
         "command": "python -m profiles.kerple_paths " + shlex.join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -122,10 +144,13 @@ def main(argv=None):
         "rounds": ROUNDS,
         "shapes": shapes,
         "crossover_tokens": min(crossovers) if crossovers else None,
-        "dense_max_tokens": default_dense_max(shapes),
+        "factor_interval": [low, high],
+        "consistent": consistent,
+        "fft_cost_factor": fft_cost_factor(low, high),
     }
     atomic.write_json(result_dir / "kerple_paths.json", record, indent=1, sort_keys=False)
-    print(json.dumps({"crossover_tokens": record["crossover_tokens"], "file": str(result_dir / "kerple_paths.json")}))
+    print(json.dumps({"fft_cost_factor": record["fft_cost_factor"], "factor_interval": record["factor_interval"],
+                      "file": str(result_dir / "kerple_paths.json")}))
     return 0
 
 

@@ -421,12 +421,17 @@ ODD_GRID = (5, 7)  # odd, not square: the FFT's padded grid and the offsets' sig
 
 
 @pytest.mark.parametrize("kernel", ["favor", "relu", "exp"])
-@pytest.mark.parametrize("path", ["dense", "fft", "fft-chunked"])
+@pytest.mark.parametrize("path", ["dense", "dense-blocked", "fft", "fft-chunked"])
 def test_both_kerple_paths_match_brute_force_on_an_odd_grid(kernel, path, monkeypatch):
     if path == "fft-chunked":
         # One feature per chunk: every chunk goes through keras.remat.
         monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 1)
         path = "fft"
+    if path == "dense-blocked":
+        # Two grid rows per block (the last holds one): every block goes through keras.remat.
+        monkeypatch.setattr(kernel_attention, "DENSE_ONE_PIECE_ELEMENTS", 1)
+        monkeypatch.setattr(kernel_attention, "DENSE_BLOCK_ELEMENTS", HEADS * ODD_GRID[1] * (1 + ODD_GRID[0] * ODD_GRID[1]) * 2)
+        path = "dense"
     tokens = 1 + ODD_GRID[0] * ODD_GRID[1]
     layer = KernelAttention(num_heads=HEADS, kernel_name=kernel, position="kerple", grid_size=ODD_GRID,
                             num_features=NUM_FEATURES, seed=0, toeplitz_path=path)
@@ -458,11 +463,11 @@ def test_both_kerple_paths_match_brute_force_on_an_odd_grid(kernel, path, monkey
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_feature_chunks_are_the_fewest_within_the_budget_and_cover_every_feature_once():
+def test_even_chunks_are_the_fewest_within_the_budget_and_cover_every_item_once():
     for num_features in range(1, 13):
         for per_feature in range(1, 6):
             for budget in range(1, 70):
-                chunks = kernel_attention.feature_chunks(num_features, per_feature, budget)
+                chunks = kernel_attention.even_chunks(num_features, per_feature, budget)
                 assert [a for a, _ in chunks] == [0] + [b for _, b in chunks[:-1]] and chunks[-1][1] == num_features
                 sizes = [b - a for a, b in chunks]
                 assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
@@ -474,18 +479,22 @@ def test_feature_chunks_are_the_fewest_within_the_budget_and_cover_every_feature
                 assert len(chunks) == fewest, (num_features, per_feature, budget)
 
 
-def test_the_chunked_fft_path_trains_like_the_dense_path(monkeypatch):
-    """Gradients through keras.remat's recomputation equal the dense path's: one SGD step (lr 1) changes every weight alike."""
+@pytest.mark.parametrize("chunked", ["fft", "dense"])
+def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypatch):
+    """Gradients through keras.remat's recomputation equal the one-piece dense path's: one SGD step (lr 1) changes every weight alike."""
     remat_calls = []
     remat = keras.remat
     monkeypatch.setattr(keras, "remat", lambda f: remat_calls.append(f) or remat(f))
-    monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 1)
     tokens = 1 + ODD_GRID[0] * ODD_GRID[1]
     rng = np.random.default_rng(5)
     x = rng.normal(size=(BATCH, tokens, WIDTH)).astype("float32")
     y = rng.normal(size=(BATCH, tokens, WIDTH)).astype("float32")
     models, before = [], None
-    for path in ("dense", "fft"):
+    for path in ("dense", chunked):
+        if models:  # the reference is the dense path in one piece; then every chunk goes through keras.remat
+            monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 1)
+            monkeypatch.setattr(kernel_attention, "DENSE_ONE_PIECE_ELEMENTS", 1)
+            monkeypatch.setattr(kernel_attention, "DENSE_BLOCK_ELEMENTS", 1)
         inputs = keras.Input((tokens, WIDTH))
         layer = KernelAttention(num_heads=HEADS, kernel_name="favor", position="kerple", grid_size=ODD_GRID,
                                 num_features=NUM_FEATURES, seed=0, toeplitz_path=path)
@@ -499,22 +508,41 @@ def test_the_chunked_fft_path_trains_like_the_dense_path(monkeypatch):
         model.train_on_batch(x, y)
         assert layer.toeplitz_path_used == path
         models.append(model)
-    assert remat_calls, "the FFT path did not chunk"
-    for dense_weight, fft_weight, start in zip(models[0].weights, models[1].weights, before):
-        np.testing.assert_allclose(to_numpy(fft_weight) - start, to_numpy(dense_weight) - start, rtol=1e-4, atol=1e-6)
+    assert remat_calls, f"the {chunked} path did not chunk"
+    if chunked == "dense":  # one block, and one keras.remat, per grid row, in every trace of the call
+        assert len(remat_calls) % ODD_GRID[0] == 0
+    for one_piece, chunks, start in zip(models[0].weights, models[1].weights, before):
+        np.testing.assert_allclose(to_numpy(chunks) - start, to_numpy(one_piece) - start, rtol=1e-4, atol=1e-6)
     assert any(np.abs(to_numpy(w) - start).max() > 1e-3 for w, start in zip(models[1].weights, before))
 
 
-def test_auto_takes_the_dense_path_up_to_the_measured_crossover_and_fft_above():
-    from performer_keras.kernel_attention import DENSE_TOEPLITZ_MAX_TOKENS
+def test_auto_takes_the_path_the_cost_model_predicts_faster():
+    from performer_keras.kernel_attention import FFT_COST_FACTOR, toeplitz_costs
 
-    # The largest grid of 32 columns at or under the crossover, and the next row past it.
-    rows = (DENSE_TOEPLITZ_MAX_TOKENS - 1) // 32
-    for grid, expected in (((rows, 32), "dense"), ((rows + 1, 32), "fft")):
-        assert (1 + grid[0] * grid[1] <= DENSE_TOEPLITZ_MAX_TOKENS) == (expected == "dense")
-        layer = KernelAttention(2, "favor", "kerple", grid_size=grid, num_features=4)
-        layer.build((None, 1 + grid[0] * grid[1], 8))
-        assert layer.toeplitz_path_used == expected
+    def auto_path(grid, num_features, head_dim):
+        layer = KernelAttention(2, "favor", "kerple", grid_size=grid, num_features=num_features)
+        layer.build((None, 1 + grid[0] * grid[1], 2 * head_dim))
+        return layer.toeplitz_path_used, layer.toeplitz.fft_shape
+
+    # The model's counts, by hand for a 64 x 128 grid (8,193 tokens; padded 128 x 256) at m = 16, d = 16.
+    dense, fft = toeplitz_costs(8193, (128, 256), 16, 16)
+    assert dense == 8193**2 * 32 and fft == 16 * 17 * 128 * 256 * 15
+    # Square grids of growing side: the path switches once, where FFT_COST_FACTOR x fft
+    # passes below dense, and later for m = 64, d = 32 than for m = 16, d = 16.
+    switch = {}
+    for num_features, head_dim in ((16, 16), (64, 32)):
+        for side in range(8, 161, 8):
+            path, fft_shape = auto_path((side, side), num_features, head_dim)
+            dense, fft = toeplitz_costs(1 + side * side, fft_shape, num_features, head_dim)
+            assert path == ("fft" if FFT_COST_FACTOR * fft < dense else "dense"), (num_features, side)
+            if path == "fft":
+                switch.setdefault((num_features, head_dim), side)
+            else:
+                assert (num_features, head_dim) not in switch, "dense again after fft"
+    assert switch[(16, 16)] < switch.get((64, 32), 10**9)
+    # The measured points the factor was fitted to (README, "KERPLE's two paths").
+    assert auto_path((64, 64), 16, 16)[0] == "dense" and auto_path((64, 128), 16, 16)[0] == "fft"
+    assert auto_path((128, 128), 64, 32)[0] == "dense"
     softmax = KernelAttention(2, "softmax", "kerple", grid_size=(2, 2))
     softmax.build((None, 5, 8))
     assert softmax.toeplitz_path_used is None

@@ -259,14 +259,23 @@ def test_kerple_paths_rules_on_alternating_timings():
     dense_everywhere = rows([(65, 9.0), (1025, 3.0), (4097, 1.8)])
     assert kerple_paths.crossover(dense_everywhere) is None and kerple_paths.dense_max(dense_everywhere) == 4097
 
-    def shape(points):
-        return {"crossover_tokens": kerple_paths.crossover(points), "dense_max_tokens": kerple_paths.dense_max(points)}
 
-    # The shape that crosses decides; with no crossover anywhere, the largest N where the dense path won.
-    assert kerple_paths.default_dense_max({"a": shape(mixed), "b": shape(dense_everywhere)}) == 513
-    short = rows([(65, 30.0), (1025, 17.0)])
-    assert kerple_paths.default_dense_max({"a": shape(dense_everywhere), "b": shape(short)}) == 4097
-    assert kerple_paths.default_dense_max({"a": shape(rows([(65, 0.5)]))}) is None
+    # The cost factor: "auto" takes dense where factor x model ratio >= 1. Dense won where the
+    # model ratio was 0.5 and 0.2 (factor >= 2 and >= 5), FFT where it was 0.1 and 0.05
+    # (factor < 10 and < 20): the interval [5, 10), its geometric middle sqrt(50).
+    def timed(model, fft_over_dense):
+        return {"fft_over_dense_model": model, "dense_train_ms": 1.0, "fft_train_ms": fft_over_dense}
+
+    points = [timed(0.5, 4.0), timed(0.2, 1.5), timed(0.1, 0.8), timed(0.05, 0.5)]
+    assert kerple_paths.factor_interval(points) == (5.0, 10.0, True)
+    assert kerple_paths.fft_cost_factor(5.0, 10.0) == pytest.approx(50**0.5)
+    # A point that no factor can fit (dense won at a smaller model ratio than one FFT won at).
+    assert kerple_paths.factor_interval(points + [timed(0.08, 1.2)]) == (12.5, 10.0, False)
+    assert kerple_paths.factor_interval(points[:2]) == (5.0, None, True)
+    assert kerple_paths.fft_cost_factor(5.0, None) is None
+    # The model ratio of a point, by hand: 8,192 patches (64 x 128, padded 128 x 256) at m = 16, d = 16.
+    config = {"num_features": 16, "width": 64, "heads": 4}
+    assert kerple_paths.model_ratio(8192, config) == pytest.approx(16 * 17 * 128 * 256 * 15 / (8193**2 * 32))
 
 
 # === Small helpers ===
