@@ -121,10 +121,10 @@ class KernelAttention(keras.layers.Layer):
                 N x N weights exp(B) * (phi(Q) phi(K)^T) times V over their
                 row sums, in O(N^2 (m + d)) time and O(N^2) memory (in
                 blocks of grid rows above `DENSE_ONE_PIECE_ELEMENTS`:
-                O(block N)),
-                or FFT, a 2D cross-correlation of phi(k_j) (x) [v_j, 1] in
-                O(N log N m d) time and O(N m d) memory. q and k are l2-normalised first by
-                default (`normalize_qk`), the paper's source of stability.
+                O(block N)), or FFT, a 2D cross-correlation of
+                phi(k_j) (x) [v_j, 1] in O(N log N m d) time and O(N m d)
+                memory. q and k are l2-normalised first by default
+                (`normalize_qk`), the paper's source of stability.
     Prefix (CLS) tokens have no grid position: they are not rotated (as if
     at the origin) and take Toeplitz bias 0 with every token.
 
