@@ -27,6 +27,12 @@ def fast_fft_length(n):
         n += 1
 
 
+def padded_fft_shape(grid_size):
+    """(P, Q): the FFT path's padded grid for an (H, W) patch grid, the smallest fast lengths >= 2H - 1, 2W - 1."""
+    height, width = grid_size
+    return fast_fft_length(2 * height - 1), fast_fft_length(2 * width - 1)
+
+
 def real_fft2(x, shape):
     """2D DFT of real (..., R, C), zero-padded to `shape` (P, Q), as (real, imag) of shape (..., Q//2 + 1, P).
 
@@ -153,9 +159,8 @@ class ToeplitzBias2D(keras.layers.Layer):
 
     @property
     def fft_shape(self):
-        """(P, Q): the padded grid of the FFT path."""
-        height, width = self.grid_size
-        return fast_fft_length(2 * height - 1), fast_fft_length(2 * width - 1)
+        """(P, Q): the padded grid of the FFT path (`padded_fft_shape`)."""
+        return padded_fft_shape(self.grid_size)
 
     def kernel_spectrum(self):
         """(real, imag), each (heads, Q//2 + 1, P): the 2D DFT of exp(b) on the padded grid.

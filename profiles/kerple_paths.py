@@ -38,10 +38,10 @@ start_backend()  # before the imports below load Keras: why, in the docstring of
 import keras
 
 from experiments import atomic
+from performer_keras.kernel_attention import toeplitz_costs
+from performer_keras.toeplitz_bias_2d import padded_fft_shape
 from profiles import bench
 from profiles.__main__ import DEFAULT_OUT
-from performer_keras.kernel_attention import toeplitz_costs
-from performer_keras.toeplitz_bias_2d import fast_fft_length
 from profiles.scaling import SCALING_CONFIG, build_subject, compiled_passes, grid_for, subject_inputs, time_calls
 
 PATCHES = (16, 64, 256, 576, 1024, 2304, 4096, 8192, 16384)
@@ -89,8 +89,7 @@ def measure(config, patches=PATCHES, rounds=ROUNDS, kernel="favor", log=print):
 
 def model_ratio(patches, config):
     """The FFT path's multiply-adds over the dense path's (`toeplitz_costs`) for `patches` patches plus CLS."""
-    height, width = grid_for(patches)
-    fft_shape = fast_fft_length(2 * height - 1), fast_fft_length(2 * width - 1)
+    fft_shape = padded_fft_shape(grid_for(patches))
     dense, fft = toeplitz_costs(patches + 1, fft_shape, config["num_features"], config["width"] // config["heads"])
     return fft / dense
 
