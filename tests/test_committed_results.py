@@ -104,3 +104,14 @@ def test_the_readme_summary_of_the_cpu_table_counts_its_runs():
     count = (f"all {runs['planned']} planned runs" if runs["finished"] == runs["planned"]
              else f"{runs['finished']} of the {runs['planned']} planned runs")
     assert count in summary
+
+
+def test_every_finished_cpu_run_keeps_its_tensorboard_logs():
+    # `tensorboard --logdir results/cpu` shows the whole study only if no run folder lacks its event files.
+    finished = sorted(path.parent for path in (REPO / RESULTS / "cpu").rglob("metrics.json"))
+    lacking = [str(folder.relative_to(REPO)) for folder in finished
+               if not all(any((folder / "logs" / group).glob("events.out.tfevents*"))
+                          for group in ("train", "validation", "test"))
+               or not any((folder / "logs").glob("events.out.tfevents*"))]
+    runs = json.loads((REPO / RESULTS / "cpu" / "aggregate.json").read_text())["runs"]
+    assert len(finished) == runs["finished"] and not lacking, lacking

@@ -1,0 +1,105 @@
+"""Rebuild the TensorBoard logs of finished run folders that lost them, from the folders' own records.
+
+    python -m experiments.rebuild_logs results/cpu/runs/cifar10/softmax-absolute/seed0 ...
+
+A run writes its event files while it trains; where those were lost (11 of
+the `cpu` study's runs: the worktrees that trained them were removed before
+the study kept its logs), the same curves are still in the folder:
+`history.csv` holds every epoch's logged values, `metrics.json` the test
+metrics and `config.json` the settings. This writes them as training writes
+them (`logs/train`, `logs/validation`, `logs/test`, the HParams summary in
+`logs/`), so `tensorboard --logdir results/cpu` shows every run, and leaves
+`logs/REBUILT.txt` saying so: the wall times in these files are the rebuild's,
+not the training's. A folder that already has `logs/`, or is not a finished
+run, is refused, so nothing a run wrote itself is ever replaced.
+"""
+
+import datetime
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from experiments.cli import fail, parser
+from experiments.evaluation import TENSORBOARD_TEST_METRICS
+from experiments.event_logs import EventWriter
+from experiments.history import read_history
+from experiments.run_config import RunConfig
+from experiments.training import log_hparams
+
+REBUILT_NOTE = "REBUILT.txt"
+
+
+class RebuildError(ValueError):
+    """A folder whose logs cannot or must not be rebuilt."""
+
+
+def epoch_groups(row):
+    """{"train": {tag: value}, "validation": {tag: value}} of one history.csv row, tagged as `EpochScalars` tags them."""
+    groups = {"train": {}, "validation": {}}
+    for key, value in row.items():
+        if key == "epoch" or value in ("", None):
+            continue
+        group, name = ("validation", key[4:]) if key.startswith("val_") else ("train", key)
+        groups[group][f"epoch_{name}"] = float(value)
+    return groups
+
+
+def check(folder):
+    """RebuildError unless `folder` is a finished run folder without logs/."""
+    folder = Path(folder)
+    missing = [name for name in ("config.json", "history.csv", "metrics.json") if not (folder / name).is_file()]
+    if missing:
+        raise RebuildError(f"{folder} is not a finished run folder (no {', '.join(missing)})")
+    if (folder / "logs").exists():
+        raise RebuildError(f"{folder / 'logs'} exists; only a run without logs is rebuilt")
+    if not read_history(folder / "history.csv"):
+        raise RebuildError(f"{folder / 'history.csv'} has no epochs")
+
+
+def rebuild(folder):
+    """Write `folder`'s logs from history.csv, metrics.json and config.json; the number of epochs written.
+
+    They are written to logs.partial/ (cleared first) and renamed to logs/
+    once complete, so a kill midway leaves no logs/ that would be refused.
+    """
+    check(folder)
+    folder = Path(folder)
+    recorded = json.loads((folder / "config.json").read_text())
+    metrics = json.loads((folder / "metrics.json").read_text())
+    rows = read_history(folder / "history.csv")
+    logs = folder / "logs.partial"
+    shutil.rmtree(logs, ignore_errors=True)
+    writers = {group: EventWriter(logs / group) for group in ("train", "validation")}
+    with writers["train"], writers["validation"]:
+        for row in rows:
+            for group, values in epoch_groups(row).items():
+                writers[group].scalars(values, int(row["epoch"]))
+    with EventWriter(logs / "test") as writer:
+        writer.scalars({key: metrics[key] for key in TENSORBOARD_TEST_METRICS}, len(rows))
+    # A field missing from an older config.json takes the value such runs had (`run_config.LATER_FIELDS`).
+    log_hparams(logs, RunConfig(**recorded))
+    (logs / REBUILT_NOTE).write_text(
+        f"Rebuilt on {datetime.date.today().isoformat()} by `python -m experiments.rebuild_logs {folder}` from this "
+        "run's history.csv, metrics.json and config.json; the event files' wall times are the rebuild's.\n")
+    logs.rename(folder / "logs")
+    return len(rows)
+
+
+def main(argv=None):
+    cli = parser("rebuild_logs", __doc__)
+    cli.add_argument("folders", nargs="+", metavar="RUN_FOLDER", help="finished run folders without logs/")
+    folders = cli.parse_args(argv).folders
+    try:
+        for folder in folders:  # all checked before any is written
+            check(folder)
+    except RebuildError as error:
+        return fail("rebuild_logs", error)
+    for folder in folders:
+        epochs = rebuild(folder)
+        print(f"rebuild_logs: {Path(folder) / 'logs'} ({epochs} epochs, test metrics, HParams)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
