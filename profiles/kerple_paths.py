@@ -9,7 +9,8 @@ compiled once per point (`scaling.compiled_passes`), in two shapes
 reference size's heads of dimension 32 with m = 64. The two paths of a grid
 are measured alternately, `ROUNDS` times, and the median of each is kept, so
 both see the same machine; a shape stops once the FFT path has won at two
-grids in a row. Above `DENSE_ONE_PIECE_ELEMENTS` the dense path runs in blocks
+grids in a row, or at a grid where a path ran out of memory (a row with
+`out_of_memory`: which path, the backend's message; no timings). Above `DENSE_ONE_PIECE_ELEMENTS` the dense path runs in blocks
 of grid rows (its memory stays O(block N)), so both paths run at every grid.
 
 Where the FFT path wins depends on m and d, not on N alone, so `"auto"`
@@ -66,16 +67,34 @@ def time_path(patches, path, kernel, config):
     }
 
 
+def is_out_of_memory(error):
+    """Whether `error` is an allocation the backend refused (JAX/XLA, TensorFlow or Python)."""
+    return isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in str(error) or "OOM" in type(error).__name__
+
+
 def measure(config, patches=PATCHES, rounds=ROUNDS, kernel="favor", log=print):
-    """One row per grid: the median ms of each path and mode over `rounds` alternating rounds."""
+    """One row per grid: the median ms of each path and mode over `rounds` alternating rounds.
+
+    A path that runs out of memory ends the shape with a row that says so
+    (`out_of_memory`: the path and the backend's first line) and no timings.
+    """
     rows = []
     for count in patches:
         samples = {(path, mode): [] for path in PATHS for mode in MODES}
-        for _ in range(rounds):
-            for path in PATHS:
-                for mode, ms in time_path(count, path, kernel, config).items():
-                    samples[(path, mode)].append(ms)
-                keras.backend.clear_session()
+        try:
+            for _ in range(rounds):
+                for path in PATHS:
+                    for mode, ms in time_path(count, path, kernel, config).items():
+                        samples[(path, mode)].append(ms)
+                    keras.backend.clear_session()
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            message = str(error).strip().splitlines()[0][:300]
+            rows.append({"patches": count, "tokens": count + 1, "grid": list(grid_for(count)),
+                         "out_of_memory": {"path": path, "error": message}})
+            log(f"N={count + 1}: {path} path out of memory ({message})")
+            break
         row = {"patches": count, "tokens": count + 1, "grid": list(grid_for(count))}
         row.update({f"{path}_{mode}_ms": statistics.median(values) for (path, mode), values in samples.items()})
         row["fft_over_dense_train"] = row["fft_train_ms"] / row["dense_train_ms"]
@@ -94,6 +113,11 @@ def model_ratio(patches, config):
     return fft / dense
 
 
+def timed(rows):
+    """The rows with timings of both paths (not a grid where one ran out of memory)."""
+    return [row for row in rows if "out_of_memory" not in row]
+
+
 def factor_interval(rows):
     """(low, high, consistent): the FFT cost factors that pick the faster path at every row.
 
@@ -102,6 +126,7 @@ def factor_interval(rows):
     (low: the largest such bound), one where the FFT path did asks
     factor < 1 / ratio (high: the smallest). None where no row asks.
     """
+    rows = timed(rows)
     dense_won = [1 / r["fft_over_dense_model"] for r in rows if r["dense_train_ms"] <= r["fft_train_ms"]]
     fft_won = [1 / r["fft_over_dense_model"] for r in rows if r["fft_train_ms"] < r["dense_train_ms"]]
     low, high = max(dense_won, default=None), min(fft_won, default=None)
@@ -115,11 +140,12 @@ def fft_cost_factor(low, high):
 
 def dense_max(rows):
     """The largest measured token count at which the dense path trains faster, or None."""
-    return max((row["tokens"] for row in rows if row["dense_train_ms"] <= row["fft_train_ms"]), default=None)
+    return max((row["tokens"] for row in timed(rows) if row["dense_train_ms"] <= row["fft_train_ms"]), default=None)
 
 
 def crossover(rows):
     """The smallest token count from which the FFT path trains faster at every larger measured N, or None."""
+    rows = timed(rows)
     for index, row in enumerate(rows):
         if all(later["fft_train_ms"] < later["dense_train_ms"] for later in rows[index:]):
             return row["tokens"]

@@ -278,6 +278,34 @@ def test_kerple_paths_rules_on_alternating_timings():
     assert kerple_paths.model_ratio(8192, config) == pytest.approx(16 * 17 * 128 * 256 * 15 / (8193**2 * 32))
 
 
+def test_kerple_paths_records_a_grid_out_of_memory_and_stops_the_shape(monkeypatch):
+    from profiles import kerple_paths
+
+    class XlaRuntimeError(RuntimeError):  # as JAX raises it: only the message says what failed
+        pass
+
+    def time_path(patches, path, kernel, config):
+        if patches == 64 and path == "fft":
+            raise XlaRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 34936856704 bytes.\nmore")
+        return {"forward": 1.0, "train": 2.0 if path == "dense" else 4.0}
+
+    monkeypatch.setattr(kerple_paths, "time_path", time_path)
+    monkeypatch.setattr(kerple_paths.keras.backend, "clear_session", lambda: None)
+    config = {"num_features": 16, "width": 64, "heads": 4}
+    lines = []
+    rows = kerple_paths.measure(config, patches=(16, 64, 256), rounds=2, log=lines.append)
+    assert [row["tokens"] for row in rows] == [17, 65]  # 256 patches never measured
+    assert rows[1]["out_of_memory"] == {"path": "fft", "error": "RESOURCE_EXHAUSTED: Out of memory allocating 34936856704 bytes."}
+    assert "dense_train_ms" not in rows[1] and "fft path out of memory" in lines[-1]
+    # The rules read only the grids where both paths ran.
+    assert kerple_paths.dense_max(rows) == 17 and kerple_paths.crossover(rows) is None
+    assert kerple_paths.factor_interval(rows)[0] == pytest.approx(1 / rows[0]["fft_over_dense_model"])
+    # Any other failure is a bug, not a measurement: it is raised.
+    monkeypatch.setattr(kerple_paths, "time_path", lambda *args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        kerple_paths.measure(config, patches=(16,), rounds=1)
+
+
 # === Small helpers ===
 
 
