@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 from experiments.cli import fail, parser
-from experiments.evaluation import TENSORBOARD_TEST_METRICS
-from experiments.event_logs import EventWriter
+from experiments.evaluation import log_test_metrics
+from experiments.event_logs import EpochScalars
 from experiments.history import read_history
 from experiments.run_config import RunConfig
 from experiments.training import log_hparams
@@ -32,17 +32,6 @@ REBUILT_NOTE = "REBUILT.txt"
 
 class RebuildError(ValueError):
     """A folder whose logs cannot or must not be rebuilt."""
-
-
-def epoch_groups(row):
-    """{"train": {tag: value}, "validation": {tag: value}} of one history.csv row, tagged as `EpochScalars` tags them."""
-    groups = {"train": {}, "validation": {}}
-    for key, value in row.items():
-        if key == "epoch" or value in ("", None):
-            continue
-        group, name = ("validation", key[4:]) if key.startswith("val_") else ("train", key)
-        groups[group][f"epoch_{name}"] = float(value)
-    return groups
 
 
 def check(folder):
@@ -70,13 +59,13 @@ def rebuild(folder):
     rows = read_history(folder / "history.csv")
     logs = folder / "logs.partial"
     shutil.rmtree(logs, ignore_errors=True)
-    writers = {group: EventWriter(logs / group) for group in ("train", "validation")}
-    with writers["train"], writers["validation"]:
-        for row in rows:
-            for group, values in epoch_groups(row).items():
-                writers[group].scalars(values, int(row["epoch"]))
-    with EventWriter(logs / "test") as writer:
-        writer.scalars({key: metrics[key] for key in TENSORBOARD_TEST_METRICS}, len(rows))
+    # Training's own writers, fed each epoch's logs as history.csv kept them.
+    curves = EpochScalars(logs)
+    for row in rows:
+        curves.on_epoch_end(int(row["epoch"]), {key: float(value) for key, value in row.items()
+                                                if key != "epoch" and value not in ("", None)})
+    curves.on_train_end()
+    log_test_metrics(logs / "test", metrics, step=len(rows))
     # A field missing from an older config.json takes the value such runs had (`run_config.LATER_FIELDS`).
     log_hparams(logs, RunConfig(**recorded))
     (logs / REBUILT_NOTE).write_text(

@@ -10,8 +10,9 @@ reference size's heads of dimension 32 with m = 64. The two paths of a grid
 are measured alternately, `ROUNDS` times, and the median of each is kept, so
 both see the same machine; a shape stops once the FFT path has won at two
 grids in a row, or at a grid where a path ran out of memory (a row with
-`out_of_memory`: which path, the backend's message; no timings). Above `DENSE_ONE_PIECE_ELEMENTS` the dense path runs in blocks
-of grid rows (its memory stays O(block N)), so both paths run at every grid.
+`out_of_memory`: which path, the backend's message; no timings). Above
+`DENSE_ONE_PIECE_ELEMENTS` the dense path runs in blocks of grid rows (its
+memory stays O(block N) on TensorFlow), so both paths run at every grid.
 
 Where the FFT path wins depends on m and d, not on N alone, so `"auto"`
 compares the two paths' multiply-adds (`kernel_attention.toeplitz_costs`)
@@ -80,6 +81,7 @@ def measure(config, patches=PATCHES, rounds=ROUNDS, kernel="favor", log=print):
     """
     rows = []
     for count in patches:
+        row = {"patches": count, "tokens": count + 1, "grid": list(grid_for(count))}
         samples = {(path, mode): [] for path in PATHS for mode in MODES}
         try:
             for _ in range(rounds):
@@ -91,11 +93,9 @@ def measure(config, patches=PATCHES, rounds=ROUNDS, kernel="favor", log=print):
             if not is_out_of_memory(error):
                 raise
             message = str(error).strip().splitlines()[0][:300]
-            rows.append({"patches": count, "tokens": count + 1, "grid": list(grid_for(count)),
-                         "out_of_memory": {"path": path, "error": message}})
-            log(f"N={count + 1}: {path} path out of memory ({message})")
+            rows.append(dict(row, out_of_memory={"path": path, "error": message}))
+            log(f"N={row['tokens']}: {path} path out of memory ({message})")
             break
-        row = {"patches": count, "tokens": count + 1, "grid": list(grid_for(count))}
         row.update({f"{path}_{mode}_ms": statistics.median(values) for (path, mode), values in samples.items()})
         row["fft_over_dense_train"] = row["fft_train_ms"] / row["dense_train_ms"]
         row["fft_over_dense_model"] = model_ratio(count, config)
