@@ -39,11 +39,12 @@ FFT_COST_FACTOR = 13.7
 # Up to this many float32 weights per example (heads x N^2; 512 MiB) the dense path forms
 # them in one piece (4,097 tokens with 4 heads, the `cpu` profile's, as `kerple_paths` has
 # measured the path since 2026-11-25). Above, it forms them in blocks of grid rows of at most
-# DENSE_BLOCK_ELEMENTS each, recomputed in the backward pass (`keras.remat`): memory
-# O(block x N) instead of O(N^2), for one more forward pass of the products. Small blocks,
-# because TensorFlow runs independent blocks at once: blocks of 2**27 at 16,385 tokens (batch
-# 4, 4 heads) took 22 GB and were killed in a `kerple_paths` run of 2026-11-26 (the kernel's
-# log; no committed file keeps that reading).
+# DENSE_BLOCK_ELEMENTS each (one grid row at least), recomputed in the backward pass
+# (`keras.remat`): memory O(block x N) instead of O(N^2), for one more forward pass of the
+# products. The blocks are the iterations of one loop (`ops.map`), not separate calls from a
+# Python loop, which XLA on JAX scheduled together: it asked 35 GB at 16,385 tokens
+# (reference shape; profiles/results/cpu-epyc-2core/jax/kerple_paths.json of 2026-11-26),
+# and TensorFlow reached 22 GB there with blocks of 2**27.
 DENSE_ONE_PIECE_ELEMENTS = 2**27
 DENSE_BLOCK_ELEMENTS = 2**25
 # The FFT path correlates m (d + 1) channels per head over a padded grid of about 4N
@@ -421,18 +422,28 @@ class KernelAttention(keras.layers.Layer):
         return out[..., :d] / out[..., d:]
 
     def _dense_toeplitz_blocks(self, phi_q, keys, v):
-        """The dense path with the query rows in blocks of grid rows, each recomputed in the backward pass."""
+        """The dense path with the query rows in blocks of grid rows, one block after another (`ops.map`), each recomputed in the backward pass."""
         height, width = self.grid_size
         p = self.num_prefix_tokens
         tokens = p + height * width
+        rows = min(height, max(1, DENSE_BLOCK_ELEMENTS // (self.num_heads * width * tokens)))
+        blocks, rest = divmod(height, rows)
         table = self.toeplitz.weight_table()
+
+        @keras.remat
+        def block(phi_q, first, keys, v, table):
+            count = phi_q.shape[2] // width
+            return weighted_average(phi_q, keys, v, self.toeplitz.weight_rows(table, first, count)[None])
+
         # Prefix queries weigh every key by 1: plain kernelized attention.
         outputs = [weighted_average(phi_q[:, :, :p], keys, v)] if p else []
-        for first, last in even_chunks(height, self.num_heads * width * tokens, DENSE_BLOCK_ELEMENTS):
-            def block(phi_q, keys, v, table, first=first, last=last):
-                return weighted_average(phi_q, keys, v, self.toeplitz.weight_rows(table, first, last)[None])
-
-            outputs.append(keras.remat(block)(phi_q[:, :, p + first * width:p + last * width], keys, v, table))
+        batch, heads, m = ops.shape(phi_q)[0], self.num_heads, ops.shape(phi_q)[-1]
+        stacked = ops.reshape(phi_q[:, :, p:p + blocks * rows * width], (batch, heads, blocks, rows * width, m))
+        stacked = ops.map(lambda args: block(args[0], args[1], keys, v, table),
+                          (ops.moveaxis(stacked, 2, 0), ops.arange(blocks) * rows))  # (blocks, batch, heads, rows W, d)
+        outputs.append(ops.reshape(ops.moveaxis(stacked, 0, 2), (batch, heads, blocks * rows * width, -1)))
+        if rest:
+            outputs.append(block(phi_q[:, :, p + blocks * rows * width:], blocks * rows, keys, v, table))
         return ops.concatenate(outputs, axis=2)
 
     def _correlate_features(self, phi_q, phi_k, v_ones, spectrum_real, spectrum_imag):

@@ -109,19 +109,22 @@ class ToeplitzBias2D(keras.layers.Layer):
     def _spread(self, table, prefix_value, grid_rows=None):
         """(heads, N, N): `table` (heads, 2H-1, 2W-1) at offset p_j - p_i, `prefix_value` on prefix rows and columns.
 
-        With `grid_rows` = (first, last), only the rows of the patch queries
-        in grid rows first..last-1: (heads, (last - first) W, N).
+        With `grid_rows` = (first, count), only the rows of the patch queries
+        in grid rows first..first+count-1: (heads, count W, N); `first` may be
+        a tensor (a block index inside `ops.map`), `count` is static.
         Two gathers with (H, H) and (W, W) offset indices, then a transpose:
         one gather with an (HW, HW) index would hold N^2 integers beside the
         result (1 GiB at 16,384 patches).
         """
         height, width = self.grid_size
-        first, last = grid_rows or (0, height)
-        rows, cols = np.arange(height), np.arange(width)
-        values = ops.take(table, rows[None, :] - rows[first:last, None] + height - 1, axis=1)  # (heads, r_i, r_j, 2W-1)
+        first, count = grid_rows or (0, height)
+        query_rows = ops.arange(count) + first
+        offsets = ops.arange(height)[None, :] - query_rows[:, None] + height - 1
+        values = ops.take(table, offsets, axis=1)  # (heads, r_i, r_j, 2W-1)
+        cols = np.arange(width)
         values = ops.take(values, cols[None, :] - cols[:, None] + width - 1, axis=3)  # (heads, r_i, r_j, c_i, c_j)
         values = ops.transpose(values, (0, 1, 3, 2, 4))  # (heads, r_i, c_i, r_j, c_j): row-major patches
-        patch_values = ops.reshape(values, (self.num_heads, (last - first) * width, height * width))
+        patch_values = ops.reshape(values, (self.num_heads, count * width, height * width))
         p = self.num_prefix_tokens
         query_pad = 0 if grid_rows else p
         return ops.pad(patch_values, [[0, 0], [query_pad, 0], [p, 0]], constant_values=prefix_value)
@@ -142,14 +145,14 @@ class ToeplitzBias2D(keras.layers.Layer):
         """(heads, 2H-1, 2W-1) float32 exp(b): the multiplicative weight of every offset."""
         return ops.exp(ops.cast(self.bias, "float32"))
 
-    def weight_rows(self, table, first, last):
-        """(heads, (last - first) W, N): the rows of `weight_matrix()` of the patch queries in grid rows first..last-1.
+    def weight_rows(self, table, first, count):
+        """(heads, count W, N): the rows of `weight_matrix()` of the patch queries in grid rows first..first+count-1.
 
         Gathered from `table` (`weight_table()`, passed in so that a caller
         recomputing a block in the backward pass, under `keras.remat`, reads
         no variable inside it), so no N x N tensor is formed.
         """
-        return self._spread(table, 1.0, (first, last))
+        return self._spread(table, 1.0, (first, count))
 
     def call(self, values, use_fft=True):
         values = ops.cast(values, "float32")

@@ -153,13 +153,24 @@ def record_header():
                 keras_version=keras.__version__)
 
 
+def command_line(module, argv):
+    """The shell command that reruns `python -m module` with `argv` (None: the process's own) on this backend.
+
+    TensorFlow is Keras' default backend; any other is named, so that a
+    record made on JAX says how to make it again.
+    """
+    backend = keras.backend.backend()
+    prefix = "" if backend == "tensorflow" else f"KERAS_BACKEND={backend} "
+    return f"{prefix}python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+
 def write_record(out, name, module, argv, **fields):
     """Write <out>/<device>/<backend>/<name>.json: the command that made it, the date, `record_header()`, `fields`.
 
     `argv` is the command line `main` was given (None: the process's own). Returns the path.
     """
     path = Path(out) / device_slug() / keras.backend.backend() / f"{name}.json"
-    record = {"command": f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv),
+    record = {"command": command_line(module, argv),
               "date": datetime.datetime.now().isoformat(timespec="seconds"), **record_header(), **fields}
     atomic.write_json(path, record, indent=1, sort_keys=False)
     return path

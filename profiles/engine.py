@@ -52,7 +52,6 @@ time-limited slot) keeps what it measured.
 import datetime
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -195,7 +194,7 @@ def main(argv=None):
     single = {MPS_PIPE: None} if under_mps else None
     per_backend = {}
     record = {
-        "command": "python -m profiles.engine " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "command": bench.command_line("profiles.engine", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": bench.device_name(),
         "task": task,

@@ -19,7 +19,6 @@ fall is also fitted: the slope of log error against log m between m = 64 and
 
 import datetime
 import functools
-import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -88,7 +87,7 @@ def main(argv=None):
     result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
     table = error_table()
     record = {
-        "command": "python -m profiles.favor_estimator " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "command": bench.command_line("profiles.favor_estimator", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         **bench.record_header(),
         "setting": dict(heads=HEADS, head_dim=HEAD_DIM, grid=list(GRID), tokens=1 + GRID[0] * GRID[1], batch=BATCH,

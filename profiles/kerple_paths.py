@@ -28,7 +28,6 @@ where no factor fits every point, and the middle of the two bounds is kept);
 
 import datetime
 import json
-import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -163,7 +162,7 @@ def main(argv=None):
     crossovers = [shape["crossover_tokens"] for shape in shapes.values() if shape["crossover_tokens"]]
     low, high, consistent = factor_interval([row for shape in shapes.values() for row in shape["points"]])
     record = {
-        "command": "python -m profiles.kerple_paths " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "command": bench.command_line("profiles.kerple_paths", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         **bench.record_header(),
         "rounds": ROUNDS,

@@ -15,7 +15,6 @@ folders go to a temporary folder and are removed.
 """
 
 import datetime
-import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -73,7 +72,7 @@ def main(argv=None):
     variants = args.variants or list_variants()
     rows = compare(variants)
     record = {
-        "command": "python -m profiles.precision " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "command": bench.command_line("profiles.precision", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         **bench.record_header(),
         "settings": SETTINGS, "tolerance": TOLERANCE,

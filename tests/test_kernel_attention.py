@@ -482,9 +482,14 @@ def test_even_chunks_are_the_fewest_within_the_budget_and_cover_every_item_once(
 @pytest.mark.parametrize("chunked", ["fft", "dense"])
 def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypatch):
     """Gradients through keras.remat's recomputation equal the one-piece dense path's: one SGD step (lr 1) changes every weight alike."""
-    remat_calls = []
+    remat_calls = []  # the first argument's shape at every call of a function keras.remat wrapped
     remat = keras.remat
-    monkeypatch.setattr(keras, "remat", lambda f: remat_calls.append(f) or remat(f))
+
+    def recording_remat(f):
+        recomputed = remat(f)
+        return lambda *args: remat_calls.append(tuple(args[0].shape)) or recomputed(*args)
+
+    monkeypatch.setattr(keras, "remat", recording_remat)
     tokens = 1 + ODD_GRID[0] * ODD_GRID[1]
     rng = np.random.default_rng(5)
     x = rng.normal(size=(BATCH, tokens, WIDTH)).astype("float32")
@@ -509,8 +514,10 @@ def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypa
         assert layer.toeplitz_path_used == path
         models.append(model)
     assert remat_calls, f"the {chunked} path did not chunk"
-    if chunked == "dense":  # one block, and one keras.remat, per grid row, in every trace of the call
-        assert len(remat_calls) % ODD_GRID[0] == 0
+    if chunked == "dense":  # blocks of one grid row's queries
+        assert {shape[2] for shape in remat_calls} == {ODD_GRID[1]}
+    else:  # chunks of one feature
+        assert {shape[-1] for shape in remat_calls} == {1}
     for one_piece, chunks, start in zip(models[0].weights, models[1].weights, before):
         np.testing.assert_allclose(to_numpy(chunks) - start, to_numpy(one_piece) - start, rtol=1e-4, atol=1e-6)
     assert any(np.abs(to_numpy(w) - start).max() > 1e-3 for w, start in zip(models[1].weights, before))

@@ -97,7 +97,8 @@ def test_a_profile_record_says_the_command_that_made_it(tmp_path):
     path = bench.write_record(tmp_path, "demo", "profiles.demo", ["--out", "a b"], rows=[1, 2])
     assert path == tmp_path / bench.device_slug() / keras.backend.backend() / "demo.json"
     record = read(path)
-    assert record["command"] == "python -m profiles.demo --out 'a b'"
+    backend = "" if keras.backend.backend() == "tensorflow" else f"KERAS_BACKEND={keras.backend.backend()} "
+    assert record["command"] == f"{backend}python -m profiles.demo --out 'a b'"
     assert record["rows"] == [1, 2] and record["backend"] == keras.backend.backend()
     assert {"date", "device", "backend_version", "keras_version"} <= set(record)
 
