@@ -11,8 +11,9 @@ are measured alternately, `ROUNDS` times, and the median of each is kept, so
 both see the same machine; a shape stops once the FFT path has won at two
 grids in a row, or at a grid where a path ran out of memory (a row with
 `out_of_memory`: which path, the backend's message; no timings). Above
-`DENSE_ONE_PIECE_ELEMENTS` the dense path runs in blocks of grid rows (its
-memory stays O(block N) on TensorFlow), so both paths run at every grid.
+`DENSE_ONE_PIECE_ELEMENTS` the dense path runs in blocks of grid rows, one
+after another (memory O(block N) on both backends), so both paths run at
+every grid.
 
 Where the FFT path wins depends on m and d, not on N alone, so `"auto"`
 compares the two paths' multiply-adds (`kernel_attention.toeplitz_costs`)

@@ -115,3 +115,13 @@ def test_every_finished_cpu_run_keeps_its_tensorboard_logs():
                or not any((folder / "logs").glob("events.out.tfevents*"))]
     runs = json.loads((REPO / RESULTS / "cpu" / "aggregate.json").read_text())["runs"]
     assert len(finished) == runs["finished"] and not lacking, lacking
+
+
+def test_auto_uses_the_factor_of_the_committed_kerple_paths_profile():
+    """`FFT_COST_FACTOR` is the committed TensorFlow `kerple_paths.json`'s `fft_cost_factor` (to 0.1), and the README quotes that value."""
+    from performer_keras.kernel_attention import FFT_COST_FACTOR
+
+    record = json.loads((REPO / "profiles/results/cpu-epyc-2core/tensorflow/kerple_paths.json").read_text())
+    assert record["consistent"] and record["command"] == "python -m profiles.kerple_paths "
+    assert FFT_COST_FACTOR == round(record["fft_cost_factor"], 1)
+    assert f"`FFT_COST_FACTOR` = {FFT_COST_FACTOR} " in (REPO / "README.md").read_text()
