@@ -59,7 +59,7 @@ FFT_CHUNK_ELEMENTS = 2**25
 
 
 def even_chunks(count, elements_per_item, budget):
-    """[(start, stop), ...]: `count` items (features, grid rows) split into the fewest chunks of at most `budget` elements (one item at least), sizes differing by at most 1."""
+    """[(start, stop), ...]: `count` items (the FFT path's features) split into the fewest chunks of at most `budget` elements (one item at least), sizes differing by at most 1."""
     size = max(1, budget // elements_per_item)
     chunks = -(-count // size)
     return [(count * i // chunks, count * (i + 1) // chunks) for i in range(chunks)]
@@ -439,9 +439,9 @@ class KernelAttention(keras.layers.Layer):
         outputs = [weighted_average(phi_q[:, :, :p], keys, v)] if p else []
         batch, heads, m = ops.shape(phi_q)[0], self.num_heads, ops.shape(phi_q)[-1]
         stacked = ops.reshape(phi_q[:, :, p:p + blocks * rows * width], (batch, heads, blocks, rows * width, m))
-        stacked = ops.map(lambda args: block(args[0], args[1], keys, v, table),
-                          (ops.moveaxis(stacked, 2, 0), ops.arange(blocks) * rows))  # (blocks, batch, heads, rows W, d)
-        outputs.append(ops.reshape(ops.moveaxis(stacked, 0, 2), (batch, heads, blocks * rows * width, -1)))
+        block_outputs = ops.map(lambda args: block(args[0], args[1], keys, v, table),
+                                (ops.moveaxis(stacked, 2, 0), ops.arange(blocks) * rows))  # (blocks, batch, heads, rows W, d)
+        outputs.append(ops.reshape(ops.moveaxis(block_outputs, 0, 2), (batch, heads, blocks * rows * width, -1)))
         if rest:
             outputs.append(block(phi_q[:, :, p + blocks * rows * width:], blocks * rows, keys, v, table))
         return ops.concatenate(outputs, axis=2)
