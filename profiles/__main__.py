@@ -14,7 +14,6 @@ The bench measures size reference at batch 32 at MNIST's resolution unless
 """
 
 import datetime
-import shlex
 import sys
 from pathlib import Path
 
@@ -63,16 +62,16 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    command = "python -m profiles " + shlex.join(sys.argv[1:] if argv is None else argv)
-    return interruptible(PROG, lambda: run(args, command))
+    return interruptible(PROG, lambda: run(args, argv))
 
 
-def run(args, command):
+def run(args, argv):
     # Imported after parsing so that --help and bad input answer without loading a backend.
     import keras
 
     from profiles import bench, report, scaling
 
+    command = bench.command_line("profiles", argv)
     variants = args.variants
     result_dir = args.out / bench.device_slug() / keras.backend.backend()
     if args.report_only:
