@@ -43,7 +43,7 @@ FFT_COST_FACTOR = 13.7
 # (`keras.remat`): memory O(block x N) instead of O(N^2), for one more forward pass of the
 # products. The blocks are the iterations of one loop (`ops.map`), not separate calls from a
 # Python loop, which XLA on JAX scheduled together: it asked 35 GB at 16,385 tokens
-# (reference shape; profiles/results/cpu-epyc-2core/jax/kerple_paths.json of 2026-11-26),
+# (reference shape; profiles/results/cpu-epyc-2core/jax/kerple_paths.json at commit 511aec2),
 # and TensorFlow reached 22 GB there with blocks of 2**27.
 DENSE_ONE_PIECE_ELEMENTS = 2**27
 DENSE_BLOCK_ELEMENTS = 2**25
@@ -437,13 +437,14 @@ class KernelAttention(keras.layers.Layer):
 
         # Prefix queries weigh every key by 1: plain kernelized attention.
         outputs = [weighted_average(phi_q[:, :, :p], keys, v)] if p else []
-        batch, heads, m = ops.shape(phi_q)[0], self.num_heads, ops.shape(phi_q)[-1]
-        stacked = ops.reshape(phi_q[:, :, p:p + blocks * rows * width], (batch, heads, blocks, rows * width, m))
+        batch, m = ops.shape(phi_q)[0], ops.shape(phi_q)[-1]
+        whole = blocks * rows * width  # the queries of the whole blocks; the rest's follow
+        stacked = ops.reshape(phi_q[:, :, p:p + whole], (batch, self.num_heads, blocks, rows * width, m))
         block_outputs = ops.map(lambda args: block(args[0], args[1], keys, v, table),
                                 (ops.moveaxis(stacked, 2, 0), ops.arange(blocks) * rows))  # (blocks, batch, heads, rows W, d)
-        outputs.append(ops.reshape(ops.moveaxis(block_outputs, 0, 2), (batch, heads, blocks * rows * width, -1)))
+        outputs.append(ops.reshape(ops.moveaxis(block_outputs, 0, 2), (batch, self.num_heads, whole, -1)))
         if rest:
-            outputs.append(block(phi_q[:, :, p + blocks * rows * width:], blocks * rows, keys, v, table))
+            outputs.append(block(phi_q[:, :, p + whole:], blocks * rows, keys, v, table))
         return ops.concatenate(outputs, axis=2)
 
     def _correlate_features(self, phi_q, phi_k, v_ones, spectrum_real, spectrum_imag):

@@ -43,6 +43,7 @@ from experiments import atomic
 from performer_keras.kernel_attention import toeplitz_costs
 from performer_keras.toeplitz_bias_2d import padded_fft_shape
 from profiles import bench
+from profiles.child import failure
 from profiles.__main__ import DEFAULT_OUT
 from profiles.scaling import SCALING_CONFIG, build_subject, compiled_passes, grid_for, subject_inputs, time_calls
 
@@ -68,11 +69,6 @@ def time_path(patches, path, kernel, config):
     }
 
 
-def is_out_of_memory(error):
-    """Whether `error` is an allocation the backend refused (JAX/XLA, TensorFlow or Python)."""
-    return isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in str(error) or "OOM" in type(error).__name__
-
-
 def measure(config, patches=PATCHES, rounds=ROUNDS, kernel="favor", log=print):
     """One row per grid: the median ms of each path and mode over `rounds` alternating rounds.
 
@@ -90,7 +86,7 @@ def measure(config, patches=PATCHES, rounds=ROUNDS, kernel="favor", log=print):
                         samples[(path, mode)].append(ms)
                     keras.backend.clear_session()
         except Exception as error:
-            if not is_out_of_memory(error):
+            if failure(error)[0] != "oom":  # an allocation the backend refused; anything else is a bug
                 raise
             message = str(error).strip().splitlines()[0][:300]
             rows.append(dict(row, out_of_memory={"path": path, "error": message}))
