@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 14's GPU check in one call of a time-limited GPU slot, on a box set up as gpu_run.sh wants:
-# the engine benchmark at size reference on CIFAR-10 in bfloat16 (one run, then 2, 4 and 8 at once),
+# the engine benchmark at size reference on CIFAR-10 in bfloat16 (one run, then 2, 4 and 8 at once; 3 rounds
+# after a warm-up, so each median is a middle value, not the mean of two),
 # then reference benchmark runs until the slot ends. Each part has a hard time limit, so what finished
 # is packed before the slot's end: OUT_DIR gets engine.log, benchmark.log and results.tar.gz (the
 # engine JSON and every finished run folder, no checkpoints; `tar -xzf` it in the repository root).
@@ -19,7 +20,7 @@ end=$((SECONDS + seconds))
 nvidia-smi -L
 # The engine first (the check's targets), with 60% of the time; the queue gets the rest.
 timeout $((seconds * 3 / 5)) bash scripts/gpu_run.sh "$wheels" profiles.engine --backends jax --dataset cifar10 \
-    --size reference --limit all --precision mixed_bfloat16 --rounds 2 --worker-counts ${WORKER_COUNTS:-2 4 8} 2>&1 \
+    --size reference --limit all --precision mixed_bfloat16 --rounds 3 --worker-counts ${WORKER_COUNTS:-2 4 8} 2>&1 \
     | tee "$out/engine.log"
 left=$((end - SECONDS - 20))  # 20 s for the archive
 if ((left > 60)); then
