@@ -155,7 +155,9 @@ def reference():
         minutes (116-128 s from start to test, 166 s where it compiles
         first; 8,000-10,300 training images/s each, four at once); the 12
         MNIST q/k normalisation runs, kerple rows among them, trained
-        81-152 s each (their history.csv epochs), four at once. CIFAR-10
+        81-152 s each (their history.csv epochs), four at once; the 9
+        favor-rope, -string and -kerple runs (2026-11-27, four at once
+        under MPS) 143-172 s each from start to test. CIFAR-10
         not measured: at 100 epochs of 45,000 images, about 4 times an
         MNIST run. On the 2-core CPU a kerple row's training step at this
         size cost 1.01-1.18x the same kernel's absolute row (the dense
