@@ -52,17 +52,35 @@ DENSE_BLOCK_ELEMENTS = 2**25
 # (16,385 tokens at m = 64, d = 32: 1.1 GB each per example). Above this many float32
 # elements per example (128 MiB) it correlates the features in chunks, each recomputed in
 # the backward pass (`keras.remat`), so training holds a few chunks' spectra at a time.
+# The chunks are the iterations of one loop that adds up their outputs (`sum_in_a_loop`),
+# as the dense path's blocks are: as separate calls from a Python loop XLA on JAX planned
+# them together (37.4 MB for a training step in 16 chunks against 47.5 MB in one piece,
+# 32 x 32 grid, m = 16; `test_the_looped_paths_hold_one_chunk_at_a_time_under_xla_on_jax`).
 # Small chunks, because TensorFlow may run independent chunks at once: with 2**27 (three
 # chunks at 16,385 tokens) that training step still reached the 8 GiB limit in a sweep run
 # before 2**25 was committed (2026-11-25); no committed file keeps that reading.
 FFT_CHUNK_ELEMENTS = 2**25
 
 
-def even_chunks(count, elements_per_item, budget):
-    """[(start, stop), ...]: `count` items (the FFT path's features) split into the fewest chunks of at most `budget` elements (one item at least), sizes differing by at most 1."""
-    size = max(1, budget // elements_per_item)
-    chunks = -(-count // size)
-    return [(count * i // chunks, count * (i + 1) // chunks) for i in range(chunks)]
+def loop_chunks(count, elements_per_item, budget):
+    """(size, whole, rest): `count` items in `whole` chunks of `size` items, the largest within `budget` elements
+    (one item at least), then a last chunk of the `rest` (0 when `size` divides `count`)."""
+    size = min(count, max(1, budget // elements_per_item))
+    return (size, *divmod(count, size))
+
+
+def sum_in_a_loop(count, term, total):
+    """`total` plus term(i) for i in range(count), one term after another in one loop that training can differentiate.
+
+    Each backend differentiates a different loop: JAX reverse-differentiates
+    `fori_loop` with static bounds (a scan) but not `while_loop`, and TensorFlow
+    under XLA (train.py's default) differentiates `while_loop` only with
+    `maximum_iterations`, which its `fori_loop` and `scan` do not set.
+    """
+    if keras.backend.backend() == "tensorflow":
+        return ops.while_loop(lambda i, total: i < count, lambda i, total: (i + 1, total + term(i)), (0, total),
+                              maximum_iterations=count)[1]
+    return ops.fori_loop(0, count, lambda i, total: total + term(i), total)
 
 
 def toeplitz_costs(tokens, fft_shape, num_features, head_dim):
@@ -170,8 +188,9 @@ class KernelAttention(keras.layers.Layer):
             about 20,400 at m = 64, d = 32). `toeplitz_path_used` says which
             one the layer runs.
             Above `FFT_CHUNK_ELEMENTS` per example the FFT path takes the
-            features in chunks recomputed in the backward pass: less
-            training memory for one more forward pass of the correlation.
+            features in chunks, one after another in one loop, recomputed in
+            the backward pass: less training memory for one more forward
+            pass of the correlation.
         seed: seed of the random features.
 
     Call arguments:
@@ -415,19 +434,36 @@ class KernelAttention(keras.layers.Layer):
         m, d = ops.shape(phi_q)[-1], ops.shape(v)[-1]
         v_ones = ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)  # (batch, heads, N, d+1)
         rows, cols = self.toeplitz.fft_shape
-        chunks = even_chunks(m, self.num_heads * (d + 1) * rows * cols, FFT_CHUNK_ELEMENTS)
-        correlate = self._correlate_features if len(chunks) == 1 else keras.remat(self._correlate_features)
+        size, whole, rest = loop_chunks(m, self.num_heads * (d + 1) * rows * cols, FFT_CHUNK_ELEMENTS)
         spectrum = self.toeplitz.kernel_spectrum()
-        out = sum(correlate(phi_q[..., a:b], phi_k[..., a:b], v_ones, *spectrum) for a, b in chunks)
+        if whole == 1 and not rest:
+            out = self._correlate_features(phi_q, phi_k, v_ones, *spectrum)
+        else:
+            out = self._correlate_feature_chunks(phi_q, phi_k, v_ones, spectrum, size, whole)
         return out[..., :d] / out[..., d:]
+
+    def _correlate_feature_chunks(self, phi_q, phi_k, v_ones, spectrum, size, whole):
+        """`_correlate_features` over `whole` chunks of `size` features, one after another (`sum_in_a_loop`), then the rest, each recomputed in the backward pass."""
+        correlate = keras.remat(self._correlate_features)
+        batch, heads, tokens = ops.shape(phi_q)[:3]
+        features = whole * size
+        stacked_q, stacked_k = (ops.moveaxis(ops.reshape(phi[..., :features], (batch, heads, tokens, whole, size)), 3, 0)
+                                for phi in (phi_q, phi_k))  # (whole, batch, heads, N, size)
+
+        def chunk(i):
+            return correlate(ops.take(stacked_q, i, axis=0), ops.take(stacked_k, i, axis=0), v_ones, *spectrum)
+
+        out = sum_in_a_loop(whole, chunk, ops.zeros_like(v_ones))
+        if features < ops.shape(phi_q)[-1]:
+            out = out + correlate(phi_q[..., features:], phi_k[..., features:], v_ones, *spectrum)
+        return out
 
     def _dense_toeplitz_blocks(self, phi_q, keys, v):
         """The dense path with the query rows in blocks of grid rows, one block after another (`ops.map`), each recomputed in the backward pass."""
         height, width = self.grid_size
         p = self.num_prefix_tokens
         tokens = p + height * width
-        rows = min(height, max(1, DENSE_BLOCK_ELEMENTS // (self.num_heads * width * tokens)))
-        blocks, rest = divmod(height, rows)
+        rows, blocks, rest = loop_chunks(height, self.num_heads * width * tokens, DENSE_BLOCK_ELEMENTS)
         table = self.toeplitz.weight_table()
 
         @keras.remat

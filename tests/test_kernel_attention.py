@@ -428,12 +428,20 @@ def test_layer_contract(kwargs, num_trainable, num_non_trainable, tmp_path):
 ODD_GRID = (5, 7)  # odd, not square: the FFT's padded grid and the offsets' signs are both exercised
 
 
+def fft_elements_per_feature():
+    """The float32 elements one feature's channels take on the FFT path's padded grid, per example."""
+    probe = KernelAttention(HEADS, "favor", "kerple", grid_size=ODD_GRID, num_features=NUM_FEATURES, toeplitz_path="fft")
+    probe.build((None, 1 + ODD_GRID[0] * ODD_GRID[1], WIDTH))
+    rows, cols = probe.toeplitz.fft_shape
+    return HEADS * (HEAD_DIM + 1) * rows * cols
+
+
 @pytest.mark.parametrize("kernel", ["favor", "relu", "exp"])
 @pytest.mark.parametrize("path", ["dense", "dense-blocked", "fft", "fft-chunked"])
 def test_both_kerple_paths_match_brute_force_on_an_odd_grid(kernel, path, monkeypatch):
     if path == "fft-chunked":
-        # One feature per chunk: every chunk goes through keras.remat.
-        monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 1)
+        # Three features per chunk (the last holds one of the 16): every chunk goes through keras.remat.
+        monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 3 * fft_elements_per_feature())
         path = "fft"
     if path == "dense-blocked":
         # Two grid rows per block (the last holds one): every block goes through keras.remat.
@@ -471,20 +479,15 @@ def test_both_kerple_paths_match_brute_force_on_an_odd_grid(kernel, path, monkey
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_even_chunks_are_the_fewest_within_the_budget_and_cover_every_item_once():
-    for num_features in range(1, 13):
-        for per_feature in range(1, 6):
+def test_loop_chunks_are_the_largest_within_the_budget_and_cover_every_item_once():
+    for count in range(1, 13):
+        for per_item in range(1, 6):
             for budget in range(1, 70):
-                chunks = kernel_attention.even_chunks(num_features, per_feature, budget)
-                assert [a for a, _ in chunks] == [0] + [b for _, b in chunks[:-1]] and chunks[-1][1] == num_features
-                sizes = [b - a for a, b in chunks]
-                assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
-                # Within the budget, unless one feature alone passes it.
-                assert max(sizes) * per_feature <= budget or max(sizes) == 1
-                # No fewer chunks could do: n chunks hold ceil(num_features / n) features in the largest.
-                fewest = next(n for n in range(1, num_features + 1)
-                              if -(-num_features // n) * per_feature <= budget or n == num_features)
-                assert len(chunks) == fewest, (num_features, per_feature, budget)
+                size, whole, rest = kernel_attention.loop_chunks(count, per_item, budget)
+                assert whole * size + rest == count and whole >= 1 and 0 <= rest < size
+                # Within the budget, unless one item alone passes it; one item more would not be.
+                assert size * per_item <= budget or size == 1
+                assert size == count or (size + 1) * per_item > budget, (count, per_item, budget)
 
 
 @pytest.mark.parametrize("chunked", ["fft", "dense"])
@@ -505,7 +508,7 @@ def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypa
     models, before = [], None
     for path in ("dense", chunked):
         if models:  # the reference is the dense path in one piece; then every chunk goes through keras.remat
-            monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 1)
+            monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 3 * fft_elements_per_feature())
             monkeypatch.setattr(kernel_attention, "DENSE_ONE_PIECE_ELEMENTS", 1)
             monkeypatch.setattr(kernel_attention, "DENSE_BLOCK_ELEMENTS", 1)
         inputs = keras.Input((tokens, WIDTH))
@@ -517,34 +520,39 @@ def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypa
             before = [to_numpy(w) for w in model.weights]
         else:
             model.set_weights(before)
-        model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")
+        # XLA, as train.py compiles on both backends: TensorFlow's XLA differentiates only a loop of known length.
+        model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse", jit_compile=True)
         model.train_on_batch(x, y)
         assert layer.toeplitz_path_used == path
         models.append(model)
     assert remat_calls, f"the {chunked} path did not chunk"
     if chunked == "dense":  # blocks of one grid row's queries
         assert {shape[2] for shape in remat_calls} == {ODD_GRID[1]}
-    else:  # chunks of one feature
-        assert {shape[-1] for shape in remat_calls} == {1}
+    else:  # five chunks of three features in one loop, then the sixteenth feature
+        assert {shape[-1] for shape in remat_calls} == {3, 1}
     for one_piece, chunks, start in zip(models[0].weights, models[1].weights, before):
         np.testing.assert_allclose(to_numpy(chunks) - start, to_numpy(one_piece) - start, rtol=1e-4, atol=1e-6)
     assert any(np.abs(to_numpy(w) - start).max() > 1e-3 for w, start in zip(models[1].weights, before))
 
 
-# Compiles one training step of a favor-kerple layer on a 32 x 32 grid with JAX, in one piece and
-# in blocks of one grid row, and prints XLA's temporary memory of each.
-BLOCK_MEMORY_PROGRAM = """
-import json, os
+# Compiles one training step of a favor-kerple layer on a 32 x 32 grid with JAX, on the path named
+# by its argument, in one piece and looped (dense: blocks of one grid row; fft: chunks of one
+# feature), and prints XLA's temporary memory of each.
+LOOP_MEMORY_PROGRAM = """
+import json, os, sys
 os.environ["KERAS_BACKEND"] = "jax"
 import jax
 import numpy as np
 from keras import ops
 from performer_keras import KernelAttention, kernel_attention
 
-def training_temp_bytes(blocked):
-    kernel_attention.DENSE_ONE_PIECE_ELEMENTS = 1 if blocked else 2**40
+path = sys.argv[1]
+
+def training_temp_bytes(looped):
+    kernel_attention.DENSE_ONE_PIECE_ELEMENTS = 1 if looped else 2**40
     kernel_attention.DENSE_BLOCK_ELEMENTS = 1
-    layer = KernelAttention(2, "favor", "kerple", grid_size=(32, 32), num_features=16, seed=0, toeplitz_path="dense")
+    kernel_attention.FFT_CHUNK_ELEMENTS = 1 if looped else 2**40
+    layer = KernelAttention(2, "favor", "kerple", grid_size=(32, 32), num_features=16, seed=0, toeplitz_path=path)
     x = np.random.default_rng(0).normal(size=(1, 1 + 32 * 32, 32)).astype("float32")
     layer(x)
     trainable = [v.value for v in layer.trainable_variables]
@@ -552,21 +560,24 @@ def training_temp_bytes(blocked):
     loss = lambda trainable, x: ops.sum(ops.square(layer.stateless_call(trainable, non_trainable, x)[0]))
     return jax.jit(jax.grad(loss)).lower(trainable, x).compile().memory_analysis().temp_size_in_bytes
 
-print(json.dumps({"one_piece": training_temp_bytes(False), "blocked": training_temp_bytes(True)}))
+print(json.dumps({"one_piece": training_temp_bytes(False), "looped": training_temp_bytes(True)}))
 """
 
 
-def test_the_blocked_dense_path_holds_one_block_at_a_time_under_xla_on_jax():
-    """XLA may run independent blocks together: as separate calls from a Python loop, the blocks of a
-    training step on JAX took as much memory as the one-piece path (36.0 against 35.7 MB here; out of
-    memory at 16,385 tokens). As the iterations of one loop they take a tenth (3.4 MB). In a JAX
-    process whatever the suite's backend: the compiler's memory plan is the point."""
-    done = subprocess.run([sys.executable, "-c", BLOCK_MEMORY_PROGRAM], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(REPO)))
+@pytest.mark.parametrize("path", ["dense", "fft"])
+def test_the_looped_paths_hold_one_chunk_at_a_time_under_xla_on_jax(path):
+    """XLA may run independent pieces together: as separate calls from a Python loop, the dense
+    path's blocks of a training step on JAX took as much memory as its one piece (36.0 against 35.7
+    MB here; out of memory at 16,385 tokens), the FFT path's 16 feature chunks most of it (37.4
+    against 47.5 MB). As the iterations of one loop they take a fraction (dense: 3.4 MB, a tenth).
+    In a JAX process whatever the suite's backend: the compiler's memory plan is the point."""
+    done = subprocess.run([sys.executable, "-c", LOOP_MEMORY_PROGRAM, path], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stderr[-2000:]
     temp = json.loads(done.stdout.strip().splitlines()[-1])
-    # One block is 2 heads x 32 queries x 1,025 keys; the one piece 2 x 1,025^2, 32 times more.
-    assert temp["blocked"] * 5 < temp["one_piece"], temp
+    # Dense: one block is 2 heads x 32 queries x 1,025 keys, the one piece 2 x 1,025^2, 32 times more.
+    # FFT: one chunk correlates 1 feature's channels, the one piece all 16.
+    assert temp["looped"] * 5 < temp["one_piece"], temp
 
 
 def test_auto_takes_the_path_the_cost_model_predicts_faster():
