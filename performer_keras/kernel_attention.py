@@ -434,9 +434,9 @@ class KernelAttention(keras.layers.Layer):
         m, d = ops.shape(phi_q)[-1], ops.shape(v)[-1]
         v_ones = ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)  # (batch, heads, N, d+1)
         rows, cols = self.toeplitz.fft_shape
-        size, whole, rest = loop_chunks(m, self.num_heads * (d + 1) * rows * cols, FFT_CHUNK_ELEMENTS)
+        size, whole, _ = loop_chunks(m, self.num_heads * (d + 1) * rows * cols, FFT_CHUNK_ELEMENTS)
         spectrum = self.toeplitz.kernel_spectrum()
-        if whole == 1 and not rest:
+        if size == m:
             out = self._correlate_features(phi_q, phi_k, v_ones, *spectrum)
         else:
             out = self._correlate_feature_chunks(phi_q, phi_k, v_ones, spectrum, size, whole)
