@@ -157,7 +157,9 @@ def reference():
         MNIST q/k normalisation runs, kerple rows among them, trained
         81-152 s each (their history.csv epochs), four at once; the 9
         favor-rope, -string and -kerple runs (2026-11-27, four at once
-        under MPS) 109-144 s each (their history.csv epochs). CIFAR-10
+        under MPS) 109-144 s each (their history.csv epochs), and the
+        last 15 MNIST runs of the main table and exp-absolute's 3 (2026-11-27,
+        the same way) 35-141 s each. CIFAR-10
         not measured: at 100 epochs of 45,000 images, about 4 times an
         MNIST run. On the 2-core CPU a kerple row's training step at this
         size cost 1.01-1.18x the same kernel's absolute row (the dense
