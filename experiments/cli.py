@@ -22,6 +22,8 @@ import re
 import sys
 import tempfile
 
+from experiments import huge_pages
+
 # Must be set before TensorFlow is first imported: its C++ start-up log is
 # several lines on stderr, and the one-line promise above covers them.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -173,6 +175,8 @@ OPTIONS = {
     # Cost profiles.
     "baseline": dict(help="a checkout of another commit whose train.py path to measure alongside this one"),
     "backends": dict(nargs="+", choices=BACKENDS, help="the backends to measure (default: both)"),
+    "compare-huge-pages": dict(action="store_true",
+                               help="also time every subject with and without huge pages for XLA's buffers"),
     "rounds": dict(type=positive_int, help="timed rounds after the warm-up one (default: the profile's)"),
     "worker-counts": dict(type=positive_int, nargs="+", metavar="N",
                           help="also time train.py's path in N processes at once on one accelerator, for each N"),
@@ -246,8 +250,11 @@ def start_backend():
     stderr's file descriptor is captured during the import, because the log
     comes from C++, and the captured lines are written back except absl's
     info and warning lines (what TF_CPP_MIN_LOG_LEVEL=2 would drop) and its
-    preamble: errors and Python's own warnings still show.
+    preamble: errors and Python's own warnings still show. First, one of the
+    project's commands restarts itself with huge pages for XLA's buffers where
+    they help (`experiments.huge_pages`).
     """
+    huge_pages.restart_if_useful()
     if "keras" in sys.modules:
         return
     with tempfile.TemporaryFile() as captured:

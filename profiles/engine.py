@@ -43,7 +43,11 @@ serves the command (``CUDA_MPS_PIPE_DIRECTORY`` set, as ``PERFORMER_MPS=1
 scripts/gpu_run.sh`` does), each N is timed twice, side by side: without
 MPS (the children get no pipe directory, so they take turns on the GPU) and
 with it (``"N+mps"`` in ``workers_over_one``); the one-run reference runs
-without it. The record's name carries
+without it. ``--compare-huge-pages`` then measures every subject again in
+child processes alternating with and without glibc's huge pages for XLA's
+buffers (`experiments.huge_pages`, which the project's commands turn on
+themselves; ``huge_pages`` in the record, ``on_over_off`` per subject).
+The record's name carries
 every setting that differs from the default; it is written after every
 stage, with ``"complete": false`` until the last, so a run cut short (a
 time-limited slot) keeps what it measured.
@@ -63,7 +67,7 @@ from experiments.cli import BACKENDS, parser, start_backend
 
 start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
-from experiments import atomic
+from experiments import atomic, huge_pages
 from experiments.benchmark import worker_memory
 from profiles import bench
 from profiles.__main__ import DEFAULT_OUT
@@ -129,9 +133,11 @@ def baseline_comparison(baseline, backend, task=TASK, log=print):
     """train.py's path here and at `baseline`, child processes alternating `BASELINE_ROUNDS` times."""
     task = dict(task, subjects=["train_path"], rounds=1)
     samples = {"this": [], "baseline": []}
+    # The baseline's commands ran as started, without the huge pages this code's commands turn on.
+    envs = {"this": None, "baseline": huge_pages_variables(huge_pages.without_tunable)}
     for _ in range(BASELINE_ROUNDS):
         for name, code in (("this", REPO), ("baseline", Path(baseline).resolve())):
-            samples[name] += medians(run_child(task, backend, code, log))[1]["train_path"]
+            samples[name] += medians(run_child(task, backend, code, log, env=envs[name]))[1]["train_path"]
     this, base = statistics.median(samples["this"]), statistics.median(samples["baseline"])
     return {"baseline_code": str(Path(baseline).resolve()), "backend": backend, "samples": samples,
             "this_images_per_second": this, "baseline_images_per_second": base, "train_path_over_baseline": this / base}
@@ -158,7 +164,34 @@ def concurrent_train_path(task, backend, workers, log=print, mps=None):
     return entry if mps is None else dict(entry, mps=mps)
 
 
-def record_name(task, backends, worker_counts=()):
+def huge_pages_variables(environment):
+    """The two variables `experiments.huge_pages` reads, as `environment(os.environ)` sets them (None: unset)."""
+    changed = environment(dict(os.environ))
+    return {name: changed.get(name) for name in (huge_pages.TUNABLES_VARIABLE, huge_pages.OPT_OUT_VARIABLE)}
+
+
+def huge_pages_comparison(backend, task, log=print):
+    """Every subject with and without huge pages (`experiments.huge_pages`), child processes alternating.
+
+    `BASELINE_ROUNDS` children each; the medians are over every timed round
+    of an arm's children.
+    """
+    arms = {"on": huge_pages.with_tunable, "off": huge_pages.without_tunable}
+    samples = {arm: {} for arm in arms}
+    for _ in range(BASELINE_ROUNDS):
+        for arm, environment in arms.items():
+            events = run_child(dict(task, subjects=SUBJECTS), backend, log=lambda line: None,
+                               env=huge_pages_variables(environment))
+            for subject, values in medians(events)[1].items():
+                samples[arm].setdefault(subject, []).extend(values)
+    median = {arm: {subject: statistics.median(values) for subject, values in per_arm.items()}
+              for arm, per_arm in samples.items()}
+    on_over_off = {subject: median["on"][subject] / median["off"][subject] for subject in median["on"]}
+    log(f"{backend} huge pages on over off: " + ", ".join(f"{k} {v:.2f}" for k, v in on_over_off.items()))
+    return {"samples": samples, "images_per_second": median, "on_over_off": on_over_off}
+
+
+def record_name(task, backends, worker_counts=(), compare_huge_pages=False):
     """engine.json, every setting that differs from `TASK` in the name: engine-m16-r9-tensorflow.json."""
     parts = ["engine"]
     if task.get("num_features"):
@@ -173,12 +206,14 @@ def record_name(task, backends, worker_counts=()):
         parts += backends
     if worker_counts:
         parts.append("w" + "-".join(map(str, worker_counts)) + ("-mps" if task.get("mps") else ""))
+    if compare_huge_pages:
+        parts.append("huge-pages")
     return "-".join(parts) + ".json"
 
 
 def main(argv=None):
     args = parser("python -m profiles.engine", __doc__, "out", "baseline", "backends", "num-features",
-                  "rounds", *TASK_OPTIONS, "worker-counts").parse_args(argv)
+                  "rounds", *TASK_OPTIONS, "worker-counts", "compare-huge-pages").parse_args(argv)
     backends = args.backends or list(BACKENDS)
     task = dict(TASK, rounds=args.rounds or TASK["rounds"])
     if args.num_features:
@@ -197,12 +232,15 @@ def main(argv=None):
         "command": bench.command_line("profiles.engine", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": bench.device_name(),
+        # Whether the children below ran with huge pages for XLA's buffers (`experiments.huge_pages`).
+        "huge_pages": huge_pages.has_tunable(os.environ),
         "task": task,
         "targets": TARGETS,
         "complete": False,
         "backends": per_backend,
     }
-    path = Path(args.out or DEFAULT_OUT) / bench.device_slug() / record_name(task, backends, args.worker_counts or ())
+    path = Path(args.out or DEFAULT_OUT) / bench.device_slug() / record_name(task, backends, args.worker_counts or (),
+                                                                          args.compare_huge_pages)
 
     def save():
         # After every stage, so a time-limited slot that ends midway keeps what was measured.
@@ -225,6 +263,12 @@ def main(argv=None):
                 save()
     if args.baseline:
         record["baseline"] = baseline_comparison(args.baseline, backends[0], task)
+        save()
+    if args.compare_huge_pages:
+        record["huge_pages_comparison"] = {}
+        for backend in backends:
+            record["huge_pages_comparison"][backend] = huge_pages_comparison(backend, task)
+            save()
     record["complete"] = True
     save()
     summary = {backend: {k: round(v, 3) if isinstance(v, float) else {n: round(r, 3) for n, r in v.items()}

@@ -376,8 +376,48 @@ def test_engine_records_are_named_by_the_settings_that_differ_from_the_default()
     assert engine.record_name(dict(task, num_features=16, rounds=5), ["jax", "tensorflow"]) == "engine-m16-r5-jax-tensorflow.json"
     assert engine.record_name(dict(task, precision="float32", limit=512), engine.BACKENDS) == "engine-limit512.json"
     gpu = dict(task, rounds=2, dataset="cifar10", size="reference", limit=None, precision="mixed_bfloat16")
+    assert engine.record_name(task, ["jax"], compare_huge_pages=True) == "engine-jax-huge-pages.json"
     assert (engine.record_name(gpu, ["jax"], [2, 4, 8])
             == "engine-r2-cifar10-reference-limit-all-mixed_bfloat16-jax-w2-4-8.json")
+
+
+def test_engine_compares_huge_pages_in_alternating_children_and_runs_a_baseline_without_them(monkeypatch, tmp_path):
+    from experiments import huge_pages
+    from profiles import engine
+
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
+    monkeypatch.delenv("PERFORMER_HUGE_PAGES", raising=False)
+    children = []
+
+    def fake_child(task, backend, code=engine.REPO, log=print, env=None):
+        # train_path 150 images/s with huge pages, 100 without; the other subjects unchanged.
+        on = env is None or env["PERFORMER_HUGE_PAGES"] != "0"
+        children.append((Path(code).name, env, on))
+        return [{"event": "setup", "params": {}, "dtype_policies": {}, "train_images": 10},
+                *({"event": "sample", "subject": subject, "warmup": False,
+                   "images_per_second": 150.0 if on and subject == "train_path" else 100.0}
+                  for subject in task["subjects"])]
+
+    monkeypatch.setattr(engine, "run_child", fake_child)
+    baseline = tmp_path / "old-checkout"
+    assert engine.main(["--backends", "jax", "--compare-huge-pages", "--baseline", str(baseline),
+                        "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*/engine-jax-huge-pages.json")
+    record = read(path)
+    assert record["huge_pages"] is True
+    comparison = record["huge_pages_comparison"]["jax"]
+    assert comparison["on_over_off"] == dict.fromkeys(engine.SUBJECTS[:-1], 1.0) | {"train_path": 1.5}
+    assert all(len(values) == engine.BASELINE_ROUNDS for arm in ("on", "off")
+               for values in comparison["samples"][arm].values())
+    on = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1", "PERFORMER_HUGE_PAGES": None}
+    off = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "PERFORMER_HUGE_PAGES": "0"}
+    # The first child is the main measurement, as the command runs; then the baseline's, then the comparison's.
+    assert children[0] == (engine.REPO.name, None, True)
+    assert [c[:2] for c in children[1:1 + 2 * engine.BASELINE_ROUNDS]] == [(engine.REPO.name, None),
+                                                                         ("old-checkout", off)] * engine.BASELINE_ROUNDS
+    assert [c[1] for c in children[1 + 2 * engine.BASELINE_ROUNDS:]] == [on, off] * engine.BASELINE_ROUNDS
+    assert record["baseline"]["train_path_over_baseline"] == 1.5
+    assert huge_pages.has_tunable(os.environ)  # the measuring process's own environment untouched
 
 
 def test_engine_barrier_holds_each_child_until_all_have_arrived(tmp_path):
@@ -495,7 +535,7 @@ def test_engine_baseline_alternates_processes_and_takes_medians(monkeypatch):
 
     calls = []
 
-    def fake_child(task, backend, code, log):
+    def fake_child(task, backend, code, log, env=None):
         calls.append((Path(code).name, task["num_features"], task["subjects"]))
         speed = 300.0 if Path(code) == engine.REPO else 100.0 + len(calls)
         return [{"event": "sample", "subject": "train_path", "warmup": False, "images_per_second": speed}]
