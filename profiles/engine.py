@@ -4,6 +4,7 @@
     python -m profiles.engine --baseline /tmp/old-checkout # also train.py's path of another commit
     python -m profiles.engine --num-features 16            # favor and relu at m = 16 -> engine-m16.json
     python -m profiles.engine --backends tensorflow --rounds 9   # -> engine-r9-tensorflow.json
+    python -m profiles.engine --compare-huge-pages         # also with and without huge pages -> engine-huge-pages.json
 
 For size `small` on MNIST (`TASK`: 16,384 training images, train.py's
 default batch of 128), one child process per backend (`engine_child.py`)
