@@ -2,13 +2,13 @@
 
 JAX's CPU client allocates each large buffer of a compiled step anew with
 glibc's malloc, which maps it fresh from the kernel and unmaps it when freed,
-so every step faults its buffers in 4 KiB page by page. On the 2-core EPYC
-(glibc 2.36, transparent huge pages in the kernel's default ``madvise`` mode)
-one 1 GB matmul output took 262,506 minor faults and 286 ms, and 79 ms with
-``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which makes malloc ask for huge
-pages (``madvise``). Training the `small` ViT went 1.54-1.62x faster on JAX
-and 0.94-1.01x on TensorFlow, whose allocator keeps its buffers
-(`python -m profiles.engine --compare-huge-pages`,
+so every step faults its buffers in 4 KiB page by page (``getrusage``'s
+minor faults: about one per 4 KiB of a large output, every call). With
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` malloc asks the kernel for huge
+pages (``madvise``). On the 2-core EPYC (glibc 2.36, transparent huge pages
+in the kernel's default ``madvise`` mode) training the `small` ViT went
+1.54-1.62x faster on JAX and 0.94-1.01x on TensorFlow, whose allocator keeps
+its buffers (`python -m profiles.engine --compare-huge-pages`,
 profiles/results/cpu-epyc-2core/engine-huge-pages.json).
 
 glibc reads its tunables only when a process starts, so `restart_if_useful`
