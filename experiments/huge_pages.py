@@ -39,25 +39,26 @@ ENTRY_PACKAGES = ("experiments", "profiles", "tuning")
 ENTRY_SCRIPTS = ("train.py", "evaluate.py")
 
 
+def tunables(environment):
+    """The colon-separated settings of `environment`'s GLIBC_TUNABLES, in order."""
+    return [item for item in environment.get(TUNABLES_VARIABLE, "").split(":") if item]
+
+
 def with_tunable(environment):
     """A copy of `environment` whose GLIBC_TUNABLES holds the tunable (other tunables kept)."""
-    tunables = [item for item in environment.get(TUNABLES_VARIABLE, "").split(":") if item]
-    if TUNABLE not in tunables:
-        tunables.append(TUNABLE)
-    return {**environment, TUNABLES_VARIABLE: ":".join(tunables)}
+    items = tunables(environment)
+    return {**environment, TUNABLES_VARIABLE: ":".join(items if TUNABLE in items else [*items, TUNABLE])}
 
 
 def without_tunable(environment):
     """A copy of `environment` without the tunable, and opted out so that no command adds it back."""
-    tunables = [item for item in environment.get(TUNABLES_VARIABLE, "").split(":") if item and item != TUNABLE]
+    others = [item for item in tunables(environment) if item != TUNABLE]
     copy = {name: value for name, value in environment.items() if name != TUNABLES_VARIABLE}
-    if tunables:
-        copy[TUNABLES_VARIABLE] = ":".join(tunables)
-    return {**copy, OPT_OUT_VARIABLE: "0"}
+    return {**copy, **({TUNABLES_VARIABLE: ":".join(others)} if others else {}), OPT_OUT_VARIABLE: "0"}
 
 
 def has_tunable(environment):
-    return TUNABLE in environment.get(TUNABLES_VARIABLE, "").split(":")
+    return TUNABLE in tunables(environment)
 
 
 def tunable_can_act(libc=None, kernel_setting=None):
