@@ -6,6 +6,7 @@ import warnings
 import keras
 from keras import ops
 
+from performer_keras.batch_broadcast import over_batch
 from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
 from performer_keras.options import ROTATION_ORDERS, check_choice, check_finite, check_non_negative, check_positive
@@ -397,7 +398,7 @@ class KernelAttention(keras.layers.Layer):
         logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * scale  # (batch, heads, N, N)
         logits = ops.cast(logits, "float32")
         if bias is not None:
-            logits = logits + bias
+            logits = logits + over_batch(bias, logits.shape[0])
         weights = ops.softmax(logits, axis=-1)
         return ops.matmul(ops.cast(weights, v.dtype), v)  # (batch, heads, N, d)
 
@@ -429,7 +430,7 @@ class KernelAttention(keras.layers.Layer):
             keys = ops.transpose(phi_k, (0, 1, 3, 2))
             tokens = ops.shape(phi_q)[2]
             if self.num_heads * tokens * tokens <= DENSE_ONE_PIECE_ELEMENTS:
-                return weighted_average(phi_q, keys, v, self.toeplitz.weight_matrix()[None])
+                return weighted_average(phi_q, keys, v, over_batch(self.toeplitz.weight_matrix(), phi_q.shape[0]))
             return self._dense_toeplitz_blocks(phi_q, keys, v)
         m, d = ops.shape(phi_q)[-1], ops.shape(v)[-1]
         v_ones = ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)  # (batch, heads, N, d+1)
@@ -469,7 +470,7 @@ class KernelAttention(keras.layers.Layer):
         @keras.remat
         def block(phi_q, first, keys, v, table):
             count = phi_q.shape[2] // width
-            return weighted_average(phi_q, keys, v, self.toeplitz.weight_rows(table, first, count)[None])
+            return weighted_average(phi_q, keys, v, over_batch(self.toeplitz.weight_rows(table, first, count), phi_q.shape[0]))
 
         # Prefix queries weigh every key by 1: plain kernelized attention.
         outputs = [weighted_average(phi_q[:, :, :p], keys, v)] if p else []

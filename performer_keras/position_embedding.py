@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from performer_keras.batch_broadcast import over_batch
+
 
 @keras.saving.register_keras_serializable(package="performer_keras")
 class PositionEmbedding(keras.layers.Layer):
@@ -26,7 +28,7 @@ class PositionEmbedding(keras.layers.Layer):
         )
 
     def call(self, inputs):
-        return inputs + ops.cast(self.embedding, inputs.dtype)[None]
+        return inputs + over_batch(ops.cast(self.embedding, inputs.dtype), inputs.shape[0])
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
