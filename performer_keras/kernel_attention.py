@@ -28,15 +28,22 @@ def merge_heads(x):
 
 TOEPLITZ_PATHS = ("auto", "dense", "fft")
 # "auto" takes the path that a cost model predicts faster for the layer's N, m and d
-# (`toeplitz_costs`): the FFT path where FFT_COST_FACTOR times its multiply-adds are fewer
-# than the dense path's. No token count alone can choose: the FFT path correlates m (d + 1)
-# channels, the dense path multiplies by m + d, so at m = 16, d = 16 the FFT path trained
-# faster from 8,193 tokens on a 2-core CPU and at m = 64, d = 32 not up to 16,385. The factor
-# (the FFT path's multiply-adds run that many times slower than the dense path's matmuls:
-# memory-bound transforms against compute-bound products) is `fft_cost_factor` of
-# profiles/results/cpu-epyc-2core/tensorflow/kerple_paths.json, the geometric middle of the
-# factors that choose the faster path at every point it measured.
-FFT_COST_FACTOR = 13.7
+# (`toeplitz_costs`): the FFT path where its factor (FFT_COST_FACTORS, per backend) times
+# its multiply-adds is below the dense path's count. No token count alone can choose: the
+# FFT path correlates m (d + 1) channels, the dense path multiplies by m + d, so at m = 16,
+# d = 16 the FFT path trained faster from a few thousand tokens on a 2-core CPU and at
+# m = 64, d = 32 not up to 16,385. Besides its matmuls the dense path passes over its N^2
+# weights several times, forward and backward (the position weights, the row sums, their
+# gradients): memory-bound work that DENSE_ELEMENTWISE_COST counts as that many
+# multiply-adds per weight. Without it no one factor fitted JAX's two shapes (the elementwise
+# passes weigh more at m + d = 32 than at 96); with it, each backend's factor picks the
+# faster path at every point it measured. Each factor (the FFT path's multiply-adds run that
+# many times slower than the dense path's: memory-bound transforms against compute-bound
+# products) is `fft_cost_factor` of profiles/results/cpu-epyc-2core/<backend>/
+# kerple_paths.json, the geometric middle of the factors that do; a backend without a file
+# takes TensorFlow's.
+DENSE_ELEMENTWISE_COST = 64
+FFT_COST_FACTORS = {"tensorflow": 35.3, "jax": 22.4}
 # Up to this many float32 weights per example (heads x N^2; 512 MiB) the dense path forms
 # them in one piece (4,097 tokens with 4 heads, the `cpu` profile's, as `kerple_paths` has
 # measured the path since 2026-11-25). Above, it forms them in blocks of grid rows of at most
@@ -87,14 +94,20 @@ def sum_in_a_loop(count, term, total):
 def toeplitz_costs(tokens, fft_shape, num_features, head_dim):
     """(dense, fft): multiply-adds per head and example of kernelized kerple's two exact paths.
 
-    Dense: the N x N products phi(Q) phi(K)^T (m each) and W V (d each).
+    Dense: the N x N products phi(Q) phi(K)^T (m each) and W V (d each),
+    plus `DENSE_ELEMENTWISE_COST` per weight for its elementwise passes.
     FFT: m (d + 1) channels, each through a 2D transform and its inverse on
     the P x Q padded grid, counted as P Q log2(P Q).
     """
     rows, cols = fft_shape
-    dense = tokens**2 * (num_features + head_dim)
+    dense = tokens**2 * (num_features + head_dim + DENSE_ELEMENTWISE_COST)
     fft = num_features * (head_dim + 1) * rows * cols * math.log2(rows * cols)
     return dense, fft
+
+
+def fft_cost_factor(backend=None):
+    """`FFT_COST_FACTORS` of `backend` (default: Keras'), TensorFlow's for a backend without its own."""
+    return FFT_COST_FACTORS.get(backend or keras.backend.backend(), FFT_COST_FACTORS["tensorflow"])
 
 
 def weighted_average(phi_q, keys, v, position_weights=None):
@@ -293,7 +306,7 @@ class KernelAttention(keras.layers.Layer):
             return self.toeplitz_path
         tokens = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
         dense, fft = toeplitz_costs(tokens, self.toeplitz.fft_shape, self.features.feature_dim, self.head_dim)
-        return "fft" if FFT_COST_FACTOR * fft < dense else "dense"
+        return "fft" if fft_cost_factor() * fft < dense else "dense"
 
     @property
     def normalizes(self):
