@@ -196,11 +196,12 @@ class KernelAttention(keras.layers.Layer):
         fused: softmax only: `ops.dot_product_attention` (flash attention
             where the backend has it) instead of the explicit matmuls.
         toeplitz_path: kerple with a linear kernel: "dense", "fft", or
-            "auto" (default): the one `toeplitz_costs` and the measured
-            `FFT_COST_FACTOR` predict faster for this N, m and d (on square
-            grids dense below about 7,600 tokens at m = 16, d = 16 and below
-            about 20,400 at m = 64, d = 32). `toeplitz_path_used` says which
-            one the layer runs.
+            "auto" (default): the one `toeplitz_costs` and the backend's
+            measured `FFT_COST_FACTORS` predict faster for this N, m and d
+            (on square grids dense below about 6,200 tokens on TensorFlow
+            and 3,600 on JAX at m = 16, d = 16, below about 32,000 and
+            20,200 at m = 64, d = 32). `toeplitz_path_used` says which one
+            the layer runs.
             Above `FFT_CHUNK_ELEMENTS` per example the FFT path takes the
             features in chunks, one after another in one loop, recomputed in
             the backward pass: less training memory for one more forward

@@ -16,15 +16,18 @@ after another (memory O(block N) on both backends), so both paths run at
 every grid.
 
 Where the FFT path wins depends on m and d, not on N alone, so `"auto"`
-compares the two paths' multiply-adds (`kernel_attention.toeplitz_costs`)
-with the FFT path's weighted by a factor: each point's `fft_over_dense_model`
+compares the two paths' multiply-adds (`kernel_attention.toeplitz_costs`,
+the dense path's with its elementwise passes counted in) with the FFT
+path's weighted by a factor: each point's `fft_over_dense_model`
 is the ratio of the counts, and the point says the factor must be at least
 1 / that ratio where the dense path trained faster and below it where the
 FFT path did. `fft_cost_factor` is the geometric middle of the interval
 that every measured point allows (`factor_interval`; `consistent` is false
 where no factor fits every point, and the middle of the two bounds is kept);
-`KernelAttention`'s `FFT_COST_FACTOR` is the committed file's value
-(README, "KERPLE's two paths").
+`KernelAttention`'s `FFT_COST_FACTORS` holds each backend's committed
+file's value (README, "KERPLE's two paths"). The ratios are the cost
+model's at the time of the run: after a change of `toeplitz_costs` run the
+profile again (a test compares each committed file with today's model).
 """
 
 import datetime

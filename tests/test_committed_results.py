@@ -117,11 +117,21 @@ def test_every_finished_cpu_run_keeps_its_tensorboard_logs():
     assert len(finished) == runs["finished"] and not lacking, lacking
 
 
-def test_auto_uses_the_factor_of_the_committed_kerple_paths_profile():
-    """`FFT_COST_FACTOR` is the committed TensorFlow `kerple_paths.json`'s `fft_cost_factor` (to 0.1), and the README quotes that value."""
-    from performer_keras.kernel_attention import FFT_COST_FACTOR
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_auto_uses_the_factor_of_the_committed_kerple_paths_profile(backend):
+    """Each backend's `FFT_COST_FACTORS` entry is its committed `kerple_paths.json`'s `fft_cost_factor` (to 0.1), a
+    factor that picks the faster path at every point the file measured, with the cost model of today's code; the
+    README quotes it."""
+    from performer_keras.kernel_attention import FFT_COST_FACTORS
+    from profiles import kerple_paths
 
-    record = json.loads((REPO / "profiles/results/cpu-epyc-2core/tensorflow/kerple_paths.json").read_text())
-    assert record["consistent"] and record["command"] == "python -m profiles.kerple_paths "
-    assert FFT_COST_FACTOR == round(record["fft_cost_factor"], 1)
-    assert f"`FFT_COST_FACTOR` = {FFT_COST_FACTOR} " in (REPO / "README.md").read_text()
+    record = json.loads((REPO / f"profiles/results/cpu-epyc-2core/{backend}/kerple_paths.json").read_text())
+    prefix = "" if backend == "tensorflow" else f"KERAS_BACKEND={backend} "
+    assert record["consistent"] and record["command"] == f"{prefix}python -m profiles.kerple_paths "
+    assert FFT_COST_FACTORS[backend] == round(record["fft_cost_factor"], 1)
+    # The file's model ratios are today's: a change of `toeplitz_costs` needs the profile run again.
+    for shape in record["shapes"].values():
+        for point in kerple_paths.timed(shape["points"]):
+            assert point["fft_over_dense_model"] == pytest.approx(kerple_paths.model_ratio(point["patches"], shape["layer"]))
+    quoted = ", ".join(f"{name}: {factor}" for name, factor in FFT_COST_FACTORS.items())
+    assert f"(`FFT_COST_FACTORS`; {quoted})" in (REPO / "README.md").read_text()

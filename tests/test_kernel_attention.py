@@ -581,7 +581,7 @@ def test_the_looped_paths_hold_one_chunk_at_a_time_under_xla_on_jax(path):
 
 
 def test_auto_takes_the_path_the_cost_model_predicts_faster():
-    from performer_keras.kernel_attention import FFT_COST_FACTOR, toeplitz_costs
+    from performer_keras.kernel_attention import DENSE_ELEMENTWISE_COST, FFT_COST_FACTORS, fft_cost_factor, toeplitz_costs
 
     def auto_path(grid, num_features, head_dim):
         layer = KernelAttention(2, "favor", "kerple", grid_size=grid, num_features=num_features)
@@ -590,23 +590,30 @@ def test_auto_takes_the_path_the_cost_model_predicts_faster():
 
     # The model's counts, by hand for a 64 x 128 grid (8,193 tokens; padded 128 x 256) at m = 16, d = 16.
     dense, fft = toeplitz_costs(8193, (128, 256), 16, 16)
-    assert dense == 8193**2 * 32 and fft == 16 * 17 * 128 * 256 * 15
-    # Square grids of growing side: the path switches once, where FFT_COST_FACTOR x fft
+    assert dense == 8193**2 * (32 + DENSE_ELEMENTWISE_COST) and fft == 16 * 17 * 128 * 256 * 15
+    # Each backend its own factor; one without a measured factor takes TensorFlow's.
+    assert fft_cost_factor() == FFT_COST_FACTORS[keras.backend.backend()]
+    assert fft_cost_factor("torch") == FFT_COST_FACTORS["tensorflow"]
+    # Square grids of growing side: the path switches once, where the factor x fft
     # passes below dense, and later for m = 64, d = 32 than for m = 16, d = 16.
     switch = {}
     for num_features, head_dim in ((16, 16), (64, 32)):
         for side in range(8, 161, 8):
             path, fft_shape = auto_path((side, side), num_features, head_dim)
             dense, fft = toeplitz_costs(1 + side * side, fft_shape, num_features, head_dim)
-            assert path == ("fft" if FFT_COST_FACTOR * fft < dense else "dense"), (num_features, side)
+            assert path == ("fft" if fft_cost_factor() * fft < dense else "dense"), (num_features, side)
             if path == "fft":
                 switch.setdefault((num_features, head_dim), side)
             else:
                 assert (num_features, head_dim) not in switch, "dense again after fft"
     assert switch[(16, 16)] < switch.get((64, 32), 10**9)
-    # The measured points the factor was fitted to (README, "KERPLE's two paths").
-    assert auto_path((64, 64), 16, 16)[0] == "dense" and auto_path((64, 128), 16, 16)[0] == "fft"
-    assert auto_path((128, 128), 64, 32)[0] == "dense"
+    # Every point this backend's factor was fitted to (README, "KERPLE's two paths"): the faster path.
+    record = json.loads((REPO / f"profiles/results/cpu-epyc-2core/{keras.backend.backend()}/kerple_paths.json").read_text())
+    for shape in record["shapes"].values():
+        m, head_dim = shape["layer"]["num_features"], shape["layer"]["width"] // shape["layer"]["heads"]
+        for point in (p for p in shape["points"] if "out_of_memory" not in p):
+            faster = "fft" if point["fft_train_ms"] < point["dense_train_ms"] else "dense"
+            assert auto_path(tuple(point["grid"]), m, head_dim)[0] == faster, (m, head_dim, point["tokens"])
     softmax = KernelAttention(2, "softmax", "kerple", grid_size=(2, 2))
     softmax.build((None, 5, 8))
     assert softmax.toeplitz_path_used is None

@@ -274,9 +274,10 @@ def test_kerple_paths_rules_on_alternating_timings():
     assert kerple_paths.factor_interval(points + [timed(0.08, 1.2)]) == (12.5, 10.0, False)
     assert kerple_paths.factor_interval(points[:2]) == (5.0, None, True)
     assert kerple_paths.fft_cost_factor(5.0, None) is None
-    # The model ratio of a point, by hand: 8,192 patches (64 x 128, padded 128 x 256) at m = 16, d = 16.
+    # The model ratio of a point, by hand: 8,192 patches (64 x 128, padded 128 x 256) at m = 16, d = 16,
+    # the dense path's count with its 64 elementwise multiply-adds a weight.
     config = {"num_features": 16, "width": 64, "heads": 4}
-    assert kerple_paths.model_ratio(8192, config) == pytest.approx(16 * 17 * 128 * 256 * 15 / (8193**2 * 32))
+    assert kerple_paths.model_ratio(8192, config) == pytest.approx(16 * 17 * 128 * 256 * 15 / (8193**2 * (32 + 64)))
 
 
 def test_kerple_paths_records_a_grid_out_of_memory_and_stops_the_shape(monkeypatch):
