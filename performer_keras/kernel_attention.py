@@ -35,9 +35,10 @@ TOEPLITZ_PATHS = ("auto", "dense", "fft")
 # m = 64, d = 32 not up to 16,385. Besides its matmuls the dense path passes over its N^2
 # weights several times, forward and backward (the position weights, the row sums, their
 # gradients): memory-bound work that DENSE_ELEMENTWISE_COST counts as that many
-# multiply-adds per weight. Without it no one factor fitted JAX's two shapes (the elementwise
-# passes weigh more at m + d = 32 than at 96); with it, each backend's factor picks the
-# faster path at every point it measured. Each factor (the FFT path's multiply-adds run that
+# multiply-adds per weight. Without it (or with 16) no one factor fits JAX's two shapes (the
+# elementwise passes weigh more at m + d = 32 than at 96); from about 24 on one does, and 64
+# leaves each backend an interval whose ends are 1.33 (JAX) and 1.87 times apart, so each
+# backend's factor picks the faster path at every point it measured with room to spare. Each factor (the FFT path's multiply-adds run that
 # many times slower than the dense path's: memory-bound transforms against compute-bound
 # products) is `fft_cost_factor` of profiles/results/cpu-epyc-2core/<backend>/
 # kerple_paths.json, the geometric middle of the factors that do; a backend without a file
