@@ -37,12 +37,12 @@ TOEPLITZ_PATHS = ("auto", "dense", "fft")
 # gradients): memory-bound work that DENSE_ELEMENTWISE_COST counts as that many
 # multiply-adds per weight. Without it (or with 16) no one factor fits JAX's two shapes (the
 # elementwise passes weigh more at m + d = 32 than at 96); from about 24 on one does, and 64
-# leaves each backend an interval whose ends are 1.33 (JAX) and 1.87 times apart, so each
-# backend's factor picks the faster path at every point it measured with room to spare. Each factor (the FFT path's multiply-adds run that
-# many times slower than the dense path's: memory-bound transforms against compute-bound
-# products) is `fft_cost_factor` of profiles/results/cpu-epyc-2core/<backend>/
-# kerple_paths.json, the geometric middle of the factors that do; a backend without a file
-# takes TensorFlow's.
+# leaves each backend an interval whose ends are 1.33 (JAX) and 1.87 (TensorFlow) times
+# apart. Each factor (the FFT path's multiply-adds run that many times slower than the dense
+# path's: memory-bound transforms against compute-bound products) is `fft_cost_factor` of
+# profiles/results/cpu-epyc-2core/<backend>/kerple_paths.json, the geometric middle of the
+# factors that pick the faster path at every point the file measured; a backend without a
+# file takes TensorFlow's.
 DENSE_ELEMENTWISE_COST = 64
 FFT_COST_FACTORS = {"tensorflow": 35.3, "jax": 22.4}
 # Up to this many float32 weights per example (heads x N^2; 512 MiB) the dense path forms
