@@ -7,26 +7,14 @@ from keras import ops
 
 from performer_keras import batch_broadcast
 from performer_keras.batch_broadcast import broadcast_summed_by_halving, over_batch, sum_by_halving
+from profiles.batch_sum import gradient_function
 
 from layer_test_case import to_numpy
 
 
 def gradient(broadcast, t, a):
-    """d sum(a * broadcast(t, batch)) / dt, compiled for the suite's backend (XLA on both)."""
-    loss = lambda t: ops.sum(a * broadcast(t, a.shape[0]) ** 2)
-    if keras.backend.backend() == "jax":
-        import jax
-
-        return to_numpy(jax.jit(jax.grad(loss))(t))
-    import tensorflow as tf
-
-    def grad(t):
-        with tf.GradientTape() as tape:
-            tape.watch(t)
-            value = loss(t)
-        return tape.gradient(value, t)
-
-    return to_numpy(tf.function(grad, jit_compile=True)(ops.convert_to_tensor(t)))
+    """d sum(a * broadcast(t, batch)) / dt, compiled with XLA on the suite's backend, as the profile times it."""
+    return to_numpy(gradient_function(broadcast, jit_compile=True)(ops.convert_to_tensor(t), ops.convert_to_tensor(a)))
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 5, 8, 13])
@@ -42,7 +30,7 @@ def test_the_halving_gradient_is_the_plain_broadcasts(batch):
     a = rng.normal(size=(batch, 3, 5, 5)).astype("float32")
     forward = to_numpy(broadcast_summed_by_halving(ops.convert_to_tensor(t), batch))
     np.testing.assert_array_equal(forward, np.broadcast_to(t, (batch, *t.shape)))
-    expected = (2 * a * t[None]).sum(axis=0)  # d/dt sum(a * t^2), by hand
+    expected = a.sum(axis=0)  # d/dt sum(a * t), by hand
     np.testing.assert_allclose(gradient(broadcast_summed_by_halving, t, a), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(gradient(lambda t, batch: t[None], t, a), expected, rtol=1e-5, atol=1e-5)
 
@@ -74,8 +62,7 @@ def test_the_layers_train_alike_with_the_halving_gradient_and_without(variant, m
     for backends in ((), (keras.backend.backend(),)):
         monkeypatch.setattr(batch_broadcast, "HALVING_BACKENDS", backends)
         keras.utils.set_random_seed(0)
-        model = create_model(variant, (14, 14, 1), 10, "tiny", toeplitz_path="dense") if "kerple" in variant else \
-            create_model(variant, (14, 14, 1), 10, "tiny")
+        model = create_model(variant, (14, 14, 1), 10, "tiny", **({"toeplitz_path": "dense"} if "kerple" in variant else {}))
         model.compile(optimizer=keras.optimizers.SGD(1.0), loss="sparse_categorical_crossentropy", jit_compile=True)
         before = [to_numpy(w) for w in model.weights]
         model.train_on_batch(images, labels)
@@ -84,3 +71,20 @@ def test_the_layers_train_alike_with_the_halving_gradient_and_without(variant, m
     for plain, halved in zip(*steps):
         np.testing.assert_allclose(halved, plain, rtol=1e-4, atol=1e-6)
     assert any(np.abs(step).max() > 1e-3 for step in steps[1])
+
+
+def test_the_profile_times_both_gradients_alternately_and_writes_the_command(tmp_path, monkeypatch):
+    import json
+
+    from profiles import batch_sum
+
+    row = batch_sum.time_pair(3, (2, 5, 5), jit_compile=True, rounds=2)
+    assert len(row["plain"]["ms_all"]) == len(row["halving"]["ms_all"]) == 2
+    assert row["speedup"] == pytest.approx(row["plain"]["ms"] / row["halving"]["ms"])
+    monkeypatch.setattr(batch_sum, "SHAPES", {"tiny": (3, (4, 4))})
+    assert batch_sum.main(["--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*/*/batch_sum.json")
+    record = json.loads(path.read_text())
+    assert record["command"].endswith(f"python -m profiles.batch_sum --out {tmp_path}")
+    settings = [True] if keras.backend.backend() == "jax" else [False, True]
+    assert [r["xla"] for r in record["rows"]] == settings and all(r["case"] == "tiny" for r in record["rows"])

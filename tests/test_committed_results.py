@@ -130,17 +130,19 @@ def test_auto_uses_the_factor_of_the_committed_kerple_paths_profile(backend, mon
     prefix = "" if backend == "tensorflow" else f"KERAS_BACKEND={backend} "
     assert record["consistent"] and record["command"] == f"{prefix}python -m profiles.kerple_paths "
     assert FFT_COST_FACTORS[backend] == round(record["fft_cost_factor"], 1)
+    def points_under_todays_model():
+        return [dict(point, fft_over_dense_model=kerple_paths.model_ratio(point["patches"], shape["layer"]))
+                for shape in record["shapes"].values() for point in kerple_paths.timed(shape["points"])]
+
     # The file's model ratios are today's: a change of `toeplitz_costs` needs the profile run again.
-    for shape in record["shapes"].values():
-        for point in kerple_paths.timed(shape["points"]):
-            assert point["fft_over_dense_model"] == pytest.approx(kerple_paths.model_ratio(point["patches"], shape["layer"]))
+    recorded = [point for shape in record["shapes"].values() for point in kerple_paths.timed(shape["points"])]
+    for point, today in zip(recorded, points_under_todays_model()):
+        assert point["fft_over_dense_model"] == pytest.approx(today["fft_over_dense_model"])
     if backend == "jax":  # why the dense count has its elementwise term: without it no factor fits JAX's points
         intervals = {}
         for term in (0, 16, kernel_attention.DENSE_ELEMENTWISE_COST):
             monkeypatch.setattr(kernel_attention, "DENSE_ELEMENTWISE_COST", term)
-            points = [dict(point, fft_over_dense_model=kerple_paths.model_ratio(point["patches"], shape["layer"]))
-                      for shape in record["shapes"].values() for point in kerple_paths.timed(shape["points"])]
-            intervals[term] = kerple_paths.factor_interval(points)
+            intervals[term] = kerple_paths.factor_interval(points_under_todays_model())
         assert not intervals[0][2] and not intervals[16][2]
         low, high, consistent = intervals[term]
         assert consistent and high / low > 1.3  # README: "its ends 1.33 times apart"
