@@ -26,7 +26,8 @@ hour): a run starts only if the time left covers its expected time (the
 slowest first epoch, which compiles, then the slowest later epoch for each
 epoch after it, of the finished runs of its own row with its XLA setting,
 else of its variant's main-table row, else of its dataset), so the slot ends
-with finished folders only; `--archive
+with finished folders only (a run with no finished run of its dataset to judge
+from starts while any time is left, and says it may not finish); `--archive
 FILE.tar.gz` then packs the finished run folders (without checkpoints) for the
 trip home, where unpacking them into the results folder adds them to the table.
 Each ablation run whose settings equal a variant row's (m = the profile's m)
@@ -325,7 +326,8 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None):
     and the queue goes on; a missing init_from checkpoint skips the run.
     `max_runs` stops after that many trainings (finished runs do not count);
     `deadline` (a `time.monotonic()` instant) starts no run whose
-    `expected_seconds` exceed the time left.
+    `expected_seconds` exceed the time left; a run without a forecast (no
+    finished run of its dataset) starts while any time is left, and says so.
     """
     import keras
 
@@ -348,6 +350,9 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None):
             if deadline - time.monotonic() <= (needed or 0.0):
                 outcome["no_time"].append(str(folder))
                 continue
+            if needed is None:
+                log(f"{tag}: no finished run of {job.dataset} to forecast its time from: it starts while any time "
+                    f"is left and may not finish in it")
         if job.needs is not None and not job.needs.is_file():
             log(f"{tag}: skipped, needs {job.needs} (the softmax-absolute run's checkpoint, which is not "
                 f"committed: move its run folder aside and run the benchmark again to remake it)")

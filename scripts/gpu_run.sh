@@ -6,7 +6,8 @@
 #        scripts/gpu_run.sh WHEELS_DIR MODULE [options]   any other module of the repository, the same way,
 #        e.g. profiles.engine --backends jax --dataset cifar10 --size reference --limit all --worker-counts 2 4 8
 # The run folders land in results/<profile>/runs/ as on any machine; `--max-minutes` starts no
-# run the time left cannot finish, so a rented hour ends with finished folders only.
+# run the time left cannot finish, so a rented hour ends with finished folders only (except a dataset's first
+# runs, which have no finished run to judge from: the log says so).
 # PERFORMER_MPS=1 runs the command under NVIDIA's Multi-Process Service (a daemon started here and
 # stopped at the end): without it the processes of `--workers N` take turns on the GPU instead of
 # sharing it, which may be why 4 workers gained 1.68x and 8 less (README: Measured on a GPU).

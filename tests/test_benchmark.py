@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -586,7 +587,16 @@ def test_max_minutes_starts_only_runs_the_time_left_can_finish_and_archive_packs
     assert benchmark.expected_seconds(third, root) == 30.0
     _fake_finished_run(third.folder(root), [50.0])
     assert benchmark.expected_seconds(fourth, root) == 50.0
-    assert benchmark.expected_seconds(dataclasses.replace(first, variant="x", cell="elsewhere/x"), tmp_path) is None
+    elsewhere = dataclasses.replace(first, variant="x", cell="elsewhere/x")
+    assert benchmark.expected_seconds(elsewhere, tmp_path) is None
+    # Without a forecast a run starts while time is left, and the log says it may not finish.
+    lines = []
+    benchmark.run_queue([elsewhere], tmp_path, deadline=time.monotonic() - 1, log=lines.append)
+    assert lines == []
+    with mock.patch("experiments.training.train", side_effect=RunError("stop here")):
+        outcome = benchmark.run_queue([elsewhere], tmp_path, deadline=time.monotonic() + 60, log=lines.append)
+    assert outcome["failed"] == [str(elsewhere.folder(tmp_path))]
+    assert "no finished run of mnist to forecast its time from" in lines[0] and "may not finish" in lines[0]
     # 20 s left: no run fits, none starts, and they are told apart from failures.
     outcome = benchmark.run_queue(jobs, root, deadline=time.monotonic() + 20, log=lambda line: None)
     assert outcome["no_time"] == [str(second.folder(root)), str(fourth.folder(root))]
