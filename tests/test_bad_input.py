@@ -91,6 +91,7 @@ CASES = {
     "benchmark --max-runs -1": (benchmark.main, ["--profile", "tiny", "--max-runs", "-1", "--results-dir", "{tmp}/r"], "--max-runs"),
     "benchmark --max-minutes 0": (benchmark.main, ["--profile", "tiny", "--max-minutes", "0", "--results-dir", "{tmp}/r"], "--max-minutes"),
     "benchmark --archive not .tar.gz": (benchmark.main, ["--profile", "tiny", "--archive", "{tmp}/runs.zip", "--results-dir", "{tmp}/r"], "--archive"),
+    "benchmark --archive in a missing folder": (benchmark.main, ["--profile", "tiny", "--archive", "{tmp}/no/runs.tar.gz", "--results-dir", "{tmp}/r"], "folder does not exist"),
     "benchmark --shard 2/2": (benchmark.main, ["--profile", "tiny", "--shard", "2/2", "--results-dir", "{tmp}/r"], "--shard"),
     "benchmark --workers with --shard": (benchmark.main, ["--profile", "tiny", "--workers", "2", "--shard", "0/2", "--results-dir", "{tmp}/r"], "exclude"),
     "benchmark --seeds x": (benchmark.main, ["--profile", "tiny", "--seeds", "x", "--results-dir", "{tmp}/r"], "--seeds"),
