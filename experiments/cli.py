@@ -255,8 +255,35 @@ def start_backend():
     they help (`experiments.huge_pages`).
     """
     huge_pages.restart_if_useful()
-    if "keras" in sys.modules:
-        return
+    if "keras" not in sys.modules:
+        _import_keras_quietly()
+    import keras
+
+    if keras.backend.backend() == "jax":
+        keep_keras_from_importing_tensorflow()
+
+
+def keep_keras_from_importing_tensorflow():
+    """Stop Keras importing TensorFlow under JAX just because it is installed.
+
+    Keras 3 imports TensorFlow wherever it can: `keras.utils.set_random_seed`
+    to seed tf.random, and every `model.save` to check for TensorShapes. Under
+    JAX that costs each process seconds and hundreds of MB, and on a GPU
+    machine loads TensorFlow's CUDA libraries beside JAX's (issue 14: no
+    TensorFlow under JAX). Both ask Keras' lazy handle `available` first, so
+    marking it unavailable turns them off. What really needs TensorFlow
+    (SavedModel export, tensorflow-datasets, saliency maps) imports it itself
+    and still works. The handle is private: keras is pinned in
+    requirements.txt, and tests/test_no_tensorflow.py checks that a JAX run
+    with TensorFlow installed never imports it.
+    """
+    from keras.src.utils import module_utils
+
+    if "tensorflow" not in sys.modules:
+        module_utils.tensorflow._available = False
+
+
+def _import_keras_quietly():
     with tempfile.TemporaryFile() as captured:
         sys.stderr.flush()
         saved = os.dup(2)

@@ -29,7 +29,8 @@ def export_saved_model(model, export_dir):
     archive.track(model)
     archive.add_endpoint(
         name="serve",
-        fn=lambda images: model(tf.cast(images, "float32"), training=False),
+        # keras.ops, not tf.cast: on JAX the endpoint is traced by JAX (jax2tf) and gets JAX arrays.
+        fn=lambda images: model(keras.ops.cast(images, "float32"), training=False),
         input_signature=[tf.TensorSpec((None,) + tuple(model.input_shape[1:]), tf.uint8, name="images")],
     )
     archive.write_out(str(export_dir), verbose=False)

@@ -288,9 +288,10 @@ def train(config, out_dir, verbose="auto", export_dir=None, distribute="none"):
     use_compilation_cache()
     check_distribution(distribute, config.batch_size)
     out_dir = check_run_folder(config, out_dir)
-    if (out_dir / "metrics.json").exists():
+    if export_dir is None and (out_dir / "metrics.json").exists():
         return read_json(out_dir / "metrics.json")
     if export_dir is not None:
+        # Also for a finished run: exporting it later is rerunning its command with --export.
         check_export_folder(export_dir, out_dir)
     splits = None
     if not training_finished(config, out_dir):

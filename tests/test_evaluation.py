@@ -14,10 +14,10 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import performer_keras
 from experiments.evaluation import evaluate
+from experiments.export import export_saved_model
 from experiments.metrics import classification_metrics, format_table, history_metrics
 from experiments.models import EvaluationError
 from experiments.flops import analytic_attention_flops, count_flops, count_training_flops
@@ -201,14 +201,7 @@ def run_folder(tmp_path_factory):
         "0,0.40,2.0,0.91,1.0,3.0\n"
         "1,0.90,0.5,0.96,0.3,1.0\n"
     )
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint(
-        "serve",
-        lambda images: model(keras.ops.cast(images, "float32"), training=False),
-        input_signature=[tf.TensorSpec((None, 28, 28, 1), tf.uint8)],
-    )
-    archive.write_out(str(run / "export"), verbose=False)
+    export_saved_model(model, run / "export")
     return run, model
 
 

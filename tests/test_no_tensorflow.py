@@ -1,8 +1,9 @@
 """The JAX path on a machine without TensorFlow: train, kill, resume, evaluate, benchmark and report,
-and scripts/gpu_run.sh, which stops in one line where JAX sees no GPU.
+and scripts/gpu_run.sh, which stops in one line where JAX sees no GPU; and a JAX run on a machine
+that has TensorFlow, which imports it only to export a SavedModel.
 
 Each command runs in a real process (the point is what it imports) with
-``KERAS_BACKEND=jax`` and ``sys.modules["tensorflow"] = None``, so any
+``KERAS_BACKEND=jax`` and, but for that last test, ``sys.modules["tensorflow"] = None``, so any
 ``import tensorflow`` fails there, as on a GPU machine with a CUDA JAX and no
 TensorFlow.
 """
@@ -100,6 +101,27 @@ def test_evaluate_a_checkpoint_and_refuse_export_in_one_line(uninterrupted, tmp_
     refused = run(*TRAIN, "--out", tmp_path / "other", "--export", tmp_path / "export", expect=2)
     assert refused.stderr.count("\n") == 1 and "needs TensorFlow" in refused.stderr
     assert not (tmp_path / "other").exists() and not (tmp_path / "export").exists()
+
+
+def test_with_tensorflow_installed_a_jax_run_imports_it_only_to_export(uninterrupted, tmp_path):
+    # Keras imports TensorFlow wherever it is installed (to seed it, and in every model.save) unless told
+    # otherwise (`experiments.cli.keep_keras_from_importing_tensorflow`): TensorFlow is not blocked here.
+    # A SavedModel from JAX goes through jax2tf, whose endpoint gets JAX arrays, not tf.Tensors.
+    run_options = [*TRAIN[1:], "--epochs", "1", "--out", str(tmp_path / "run")]
+    program = (
+        "import sys, train, evaluate; "
+        f"assert train.main({run_options!r}) == 0; "
+        f"assert evaluate.main([{str(uninterrupted)!r}, '--limit', '100', '--out', {str(tmp_path / 'eval')!r}]) == 0; "
+        "print('imported:', sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow')[:3]); "
+        f"assert train.main([*{run_options!r}, '--export', {str(tmp_path / 'run' / 'export')!r}]) == 0"
+    )
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=environment())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "imported: []" in done.stdout.splitlines()
+    assert (tmp_path / "eval" / "metrics.json").is_file() and (tmp_path / "run" / "export" / "saved_model.pb").is_file()
+    agreement = json.loads((tmp_path / "run" / "export_agreement.json").read_text())
+    assert agreement["max_abs_difference"] <= 1e-4 and agreement["saved_model_accuracy"] == agreement["keras_accuracy"]
 
 
 def test_benchmark_and_report_run_without_tensorflow(tmp_path):

@@ -142,9 +142,11 @@ def test_export_serves_uint8_with_the_same_predictions(tmp_path):
     model = keras.models.load_model(out / "best.keras")
     np.testing.assert_allclose(served, model.predict(images.astype("float32"), verbose=0), atol=1e-5)
     np.testing.assert_allclose(served.sum(axis=1), 1.0, atol=1e-5)
-    # The same run may export again over its own export; another run may not write there.
+    # The finished run exports again over its own export (its command again); another run may not write there.
     assert json.loads((export / "export_of.json").read_text()) == {"run": str(out.resolve())}
+    (export / "saved_model.pb").unlink()
     train_ok("--variant", "relu-rope", *TINY, "--epochs", "1", "--out", out, "--export", export)
+    assert (export / "saved_model.pb").is_file()
     assert train.main(["--variant", "relu-rope", *TINY, "--epochs", "1", "--out", str(tmp_path / "other"),
                        "--export", str(export)]) == 2
 
