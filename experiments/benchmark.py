@@ -469,8 +469,6 @@ def run(args, argv=()):
     try:
         if args.workers > 1 and args.shard:
             raise RunError("--workers and --shard exclude each other: --workers starts the shards itself")
-        if Path(args.results_dir).exists() and not Path(args.results_dir).is_dir():
-            raise RunError(f"--results-dir {args.results_dir} is a file; give a folder")
         if args.archive and (not args.archive.endswith(".tar.gz") or Path(args.archive).is_dir()):
             raise RunError(f"--archive {args.archive}: give a file name ending in .tar.gz")
         if args.archive and not Path(args.archive).resolve().parent.is_dir():

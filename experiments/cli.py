@@ -92,6 +92,13 @@ def shard_arg(text):
     return index, count
 
 
+def folder_arg(text):
+    """argparse type of a folder to write into: any path but an existing file."""
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a file; give a folder")
+    return text
+
+
 def limit_arg(text):
     """argparse type of --limit: an integer >= 1, or 'all' (every example, lifting a limit set elsewhere)."""
     return text if text == "all" else positive_int(text)
@@ -139,15 +146,15 @@ OPTIONS = {
     "seed": dict(type=non_negative_int, help="seed of the data order, initialisation and features"),
     "seeds": dict(type=non_negative_int, nargs="+", metavar="SEED", help="the seeds to run (default: the tool's)"),
     "hparams": dict(help="JSON of hyperparameters (e.g. the tuner's best_hparams.json); explicit flags win"),
-    "init-from": dict(help="a .keras checkpoint to copy matching weights from (e.g. a softmax run's best.keras)"),
+    "init-from": dict(help="a .keras checkpoint or a run folder (its best.keras) to copy matching weights from"),
     "init-from-partial": dict(action="store_true", default=None,
                               help="start from the matching weights even if the checkpoint is of another model"),
     # Where results go.
     "distribute": dict(default="none", choices=["none", "data"],
                        help="data: split each batch over every local device (JAX, Keras' DataParallel)"),
-    "out": dict(help="output folder (default: see the tool's description)"),
-    "export": dict(help="also write a SavedModel (uint8 images -> probabilities) here"),
-    "results-dir": dict(default="results", help="parent of results/<profile>/ (default results)"),
+    "out": dict(type=folder_arg, help="output folder (default: see the tool's description)"),
+    "export": dict(type=folder_arg, help="also write a SavedModel (uint8 images -> probabilities) here"),
+    "results-dir": dict(type=folder_arg, default="results", help="parent of results/<profile>/ (default results)"),
     # The tuner.
     "algorithm": dict(default="hyperband", help="hyperband (default), bayesian or random"),
     "max-trials": dict(type=positive_int, help="bayesian and random: at most N trials (default 20); Hyperband runs one iteration of its brackets"),

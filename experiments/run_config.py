@@ -3,7 +3,7 @@
 import dataclasses
 import json
 
-from performer_keras.options import check_choice, check_finite, check_non_negative, check_positive
+from performer_keras.options import ROTATION_ORDERS, check_choice, check_finite, check_non_negative, check_positive
 from performer_keras.registry import DEFAULT_QK_NORM, SIZES, list_variants, model_config, normalizes_qk, parse_variant
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -71,6 +71,8 @@ class RunConfig:
             check_choice("precision", self.precision, PRECISIONS)
             if self.augment is not None:
                 check_choice("augment", self.augment, AUGMENTATIONS)
+            if self.rotation_order is not None:
+                check_choice("rotation_order", self.rotation_order, ROTATION_ORDERS)
             for name in ("epochs", "batch_size", "num_features", "linformer_dim"):
                 check_positive(name, getattr(self, name))
             for name in ("width", "depth", "heads", "mlp_dim", "patch_size", "limit"):

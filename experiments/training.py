@@ -159,7 +159,10 @@ def record_provenance(out_dir, start_epoch, jit_compile):
 
 
 def load_checkpoint(checkpoint):
-    """The model saved in `checkpoint`; RunError (one line) if it cannot be read."""
+    """The model saved in `checkpoint`, a .keras file or a run folder (its best.keras); RunError (one line) if it
+    cannot be read."""
+    if Path(checkpoint).is_dir():
+        checkpoint = Path(checkpoint) / "best.keras"
     try:
         return keras.models.load_model(checkpoint, custom_objects=performer_keras.custom_objects())
     except Exception as error:  # any unreadable file is a user error
@@ -299,9 +302,11 @@ def train(config, out_dir, verbose="auto", export_dir=None, distribute="none"):
         splits = data.load_dataset(config.dataset, limit=config.limit)
         config.check_data(splits.image_shape, len(splits.train[0]))
         source = load_checkpoint(config.init_from) if config.init_from else None
-        if source is not None:
-            with dtype_policy(config.precision):
-                copy_shared_weights(build_model(config, splits), source, config.init_from, partial=config.init_from_partial)
+        with dtype_policy(config.precision):
+            model = check_model_builds(config, splits)
+            if source is not None:
+                copy_shared_weights(model, source, config.init_from, partial=config.init_from_partial)
+        del model
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json(out_dir / "config.json", config.to_dict())
         with distribution(distribute):
@@ -371,6 +376,21 @@ def keras_jit_compile(choice):
     if choice is None:
         return True if keras.backend.backend() == "tensorflow" else "auto"
     return choice
+
+
+def check_model_builds(config, splits):
+    """The run's model, built once before anything is written; RunError if its options cannot make one.
+
+    Some combinations only fail when a layer sees its input shape, such as 2D
+    rope on a rotated dimension (head width, or num_features rotated after
+    the feature map) not divisible by 4. The layers' own checks are the
+    single source of these rules, so the model is built rather than the
+    rules repeated here.
+    """
+    try:
+        return build_model(config, splits)
+    except ValueError as error:
+        raise RunError(f"{config.variant} cannot be built with these options: {error}") from None
 
 
 def build_model(config, splits):

@@ -55,8 +55,6 @@ def parse_args(argv=None):
             check_choice("scope", scope, SCOPES)
     except ValueError as error:
         cli.exit(fail(PROG, error))
-    if args.out.exists() and not args.out.is_dir():
-        cli.exit(fail(PROG, f"--out {args.out} is a file; give a folder"))
     return args
 
 

@@ -1,4 +1,5 @@
-"""Bad input to each of the five tools: exit 2, exactly one line on stderr, no traceback, nothing written.
+"""Bad input to each of the six tools (train, evaluate, benchmark, report, tuning, profiles): exit 2, exactly one
+line on stderr, no traceback, nothing written.
 
 Every case runs the tool's `main(argv)` in this process inside a folder whose
 every file is checksummed before and after: a refused command must leave the
@@ -13,7 +14,7 @@ import pytest
 
 import evaluate
 import train
-from experiments import benchmark
+from experiments import benchmark, report
 from profiles import __main__ as profiles_main
 from tuning import __main__ as tuning_main
 
@@ -66,6 +67,7 @@ CASES = {
     "train --export a folder of other files": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/notes"],
                                                "no export of this run"),
     "train --init-from missing": (train.main, [*TINY, "--init-from", "{tmp}/none.keras"], "cannot read --init-from"),
+    "train --init-from a folder without best.keras": (train.main, [*TINY, "--init-from", "{tmp}/notes"], "best.keras"),
     "train --init-from not a model": (train.main, [*TINY, "--init-from", "{tmp}/bogus.keras"], "cannot read --init-from"),
     "train --precision float8": (train.main, [*TINY, "--precision", "float8"], "Unknown precision"),
     "train --limit 0": (train.main, [*TINY, "--limit", "0"], "--limit"),
@@ -75,6 +77,10 @@ CASES = {
     "train --size huge": (train.main, [*TINY, "--size", "huge"], "Unknown size"),
     "train variant twice": (train.main, [*TINY, "--variant", "favor-rope", "--attention", "relu"], "not both"),
     "train unknown flag": (train.main, [*TINY, "--no-such-flag"], "unrecognized arguments"),
+    "train --rotation-order middle": (train.main, [*TINY, "--variant", "favor-rope", "--rotation-order", "middle"],
+                                      "Unknown rotation_order"),
+    "train rope on a head width of 3": (train.main, [*TINY, "--variant", "favor-rope", "--width", "18", "--heads", "6"],
+                                        "divisible by 4"),
     "train unknown dataset": (train.main, [*TINY, "--dataset", "no_such_dataset_xyz"], "mnist"),
     # evaluate.py
     "evaluate missing path": (evaluate.main, ["{tmp}/missing"], "does not exist"),
@@ -82,6 +88,7 @@ CASES = {
     "evaluate corrupt config": (evaluate.main, ["{tmp}/corrupt_run"], "not valid JSON"),
     "evaluate --limit 0": (evaluate.main, ["{tmp}/corrupt_run", "--limit", "0"], "--limit"),
     "evaluate --batch-size x": (evaluate.main, ["{tmp}/corrupt_run", "--batch-size", "x"], "--batch-size"),
+    "evaluate --out a file": (evaluate.main, ["{tmp}/corrupt_run", "--out", "{tmp}/a_file.txt"], "is a file"),
     "evaluate bogus .keras": (evaluate.main, ["{tmp}/bogus.keras", "--dataset", "mnist"], "evaluate.py: error"),
     # the benchmark
     "train --distribute data on TF": (train.main, [*TINY, "--distribute", "data", "--out", "{tmp}/run"], "KERAS_BACKEND=jax"),
@@ -98,7 +105,10 @@ CASES = {
     "benchmark --experiments nope": (benchmark.main, ["--profile", "tiny", "--experiments", "nope", "--results-dir", "{tmp}/r"], "experiment"),
     "benchmark --results-dir a file": (benchmark.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt"], "is a file"),
     "benchmark other backend": (benchmark.main, ["--profile", "small", "--results-dir", "{tmp}/r"], "backend"),
+    "report --results-dir a file": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt"], "is a file"),
+    "report --profile huge": (report.main, ["--profile", "huge", "--results-dir", "{tmp}/r"], "huge"),
     # tuning
+    "tuning --out a file": (tuning_main.main, ["favor-rope", "--out", "{tmp}/a_file.txt"], "is a file"),
     "tuning unknown variant": (tuning_main.main, ["favor-nope", "--out", "{tmp}/t"], "Unknown position"),
     "tuning --algorithm magic": (tuning_main.main, ["favor-rope", "--algorithm", "magic", "--out", "{tmp}/t"], "algorithm"),
     "tuning --space bad": (tuning_main.main, ["favor-rope", "--space", "learning_rate=abc", "--out", "{tmp}/t"], "learning_rate"),
@@ -106,6 +116,7 @@ CASES = {
     # profiles
     "profiles --size huge": (profiles_main.main, ["--size", "huge", "--out", "{tmp}/p", "--skip-scaling"], "huge"),
     "profiles unknown variant": (profiles_main.main, ["favor-nope", "--out", "{tmp}/p"], "Unknown position"),
+    "profiles --out a file": (profiles_main.main, ["--out", "{tmp}/a_file.txt"], "is a file"),
     "profiles --steps 0": (profiles_main.main, ["--steps", "0", "--out", "{tmp}/p"], "--steps"),
 }
 
@@ -115,9 +126,9 @@ def checksums(folder):
             for p in sorted(folder.rglob("*"))}
 
 
-def test_the_table_covers_all_five_tools_with_40_or_more_inputs():
+def test_the_table_covers_all_six_tools_with_40_or_more_inputs():
     tools = {main for main, _, _ in CASES.values()}
-    assert len(CASES) >= 40 and len(tools) == 5
+    assert len(CASES) >= 40 and len(tools) == 6
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -263,12 +263,13 @@ def test_limit_all_lifts_the_limit_of_an_hparams_file(tmp_path):
         cli.parse_args(["--limit", "0"])
 
 
-def test_init_from_softmax_copies_shared_weights(softmax_run, tmp_path):
+@pytest.mark.parametrize("checkpoint", ["best.keras", "."])  # the checkpoint, or its run folder
+def test_init_from_softmax_copies_shared_weights(softmax_run, tmp_path, checkpoint):
     import keras
 
     performer = tmp_path / "favor"
     train_ok("--variant", "favor-absolute", *TINY, "--epochs", "1", "--learning-rate", "1e-9",
-             "--init-from", softmax_run / "best.keras", "--out", performer)
+             "--init-from", softmax_run / checkpoint, "--out", performer)
     record = json.loads((performer / "init_from.json").read_text())
     assert "block_0_attention/query/kernel" in record["copied"]
     assert "patch_embedding/kernel" in record["copied"]
