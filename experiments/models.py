@@ -78,7 +78,10 @@ def load_saved_model(path, endpoint="serve"):
         raise EvaluationError(missing)
     import tensorflow as tf
 
-    loaded = tf.saved_model.load(str(path))
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except (ValueError, OSError) as err:  # a damaged saved_model.pb or variables/
+        raise EvaluationError(f"Could not load {path} as a SavedModel: {first_line(err)}") from None
     if not hasattr(loaded, endpoint):
         raise EvaluationError(f"SavedModel {path} has no {endpoint!r} endpoint")
     function = getattr(loaded, endpoint).concrete_functions[0]

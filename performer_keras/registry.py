@@ -186,9 +186,12 @@ def compatible(kernel, position):
 
 
 def model_config(size="reference", **overrides):
-    """The `build_vit` arguments of `size` (a row of `SIZES`) with `overrides`."""
+    """The `build_vit` arguments of `size` (a row of `SIZES`) with `overrides`; ValueError if the heads do not
+    divide the width."""
     config = dict(SIZES[check_choice("size", size, tuple(SIZES))])
     config.update(overrides)
+    if config["width"] % config["heads"]:
+        raise ValueError(f"width {config['width']} is not divisible by heads {config['heads']}")
     return config
 
 

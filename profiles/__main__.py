@@ -20,7 +20,7 @@ from pathlib import Path
 from experiments import atomic
 from experiments.cli import fail, interruptible, parser
 from performer_keras.options import check_choice
-from performer_keras.registry import SIZES, list_variants, parse_variant
+from performer_keras.registry import list_variants, model_config, parse_variant
 from profiles import BENCH_BATCH, BENCH_DATASETS, BENCH_SIZE, DEFAULT_PATCHES, SCOPES
 
 PROG = "python -m profiles"
@@ -48,7 +48,7 @@ def parse_args(argv=None):
     try:
         for variant in args.variants:
             parse_variant(variant)
-        check_choice("size", args.size, tuple(SIZES))
+        model_config(args.size, **{name: getattr(args, name) for name in ("width", "heads") if getattr(args, name)})
         for dataset in args.datasets:
             check_choice("dataset", dataset, BENCH_DATASETS)
         for scope in args.scopes:

@@ -16,7 +16,7 @@ import pytest
 from keras import ops
 
 import performer_keras as pk
-from performer_keras.registry import KERNEL_TABLE, Kernel, linear_kernels, list_variants, register_kernel
+from performer_keras.registry import KERNEL_TABLE, Kernel, linear_kernels, list_variants, model_config, register_kernel
 
 from layer_test_case import run_layer_test, to_numpy
 
@@ -121,3 +121,11 @@ def test_configs_saved_with_the_old_kernel_argument_still_load():
         layer = pk.KernelAttention.from_config(config)
     assert layer.kernel_name == "favor"
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
+
+
+def test_model_config_refuses_heads_that_do_not_divide_the_width():
+    assert model_config("tiny", width=32, heads=4)["width"] == 32
+    with pytest.raises(ValueError, match="width 30 is not divisible by heads 4"):
+        model_config("tiny", width=30, heads=4)
+    with pytest.raises(ValueError, match="width 30 is not divisible by heads 4"):
+        pk.create_model("softmax-absolute", size="tiny", width=30, heads=4)
