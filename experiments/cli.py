@@ -16,6 +16,7 @@ tool that imports it.
 """
 
 import argparse
+import importlib
 import math
 import os
 import re
@@ -291,12 +292,22 @@ def keep_keras_from_importing_tensorflow():
 
 
 def _import_keras_quietly():
+    import_quietly("keras")
+
+
+def import_quietly(name):
+    """Import the module `name` with TensorFlow's start-up log dropped from stderr (see `start_backend`).
+
+    Under JAX, TensorFlow is imported only where a feature needs it (a
+    SavedModel, tensorflow-datasets), after the backend started: that import
+    goes through here so its log does not break the one-line promise.
+    """
     with tempfile.TemporaryFile() as captured:
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(captured.fileno(), 2)
         try:
-            import keras  # noqa: F401
+            return importlib.import_module(name)
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)

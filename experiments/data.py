@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from experiments.cli import import_quietly
 from performer_keras.options import check_positive
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -425,7 +426,7 @@ def _read_tfds(name):
     """Raw arrays of a tensorflow-datasets dataset, like `_read_bundled`."""
     offline = f"the bundled datasets {BUNDLED[0]!r} and {BUNDLED[1]!r} need no network"
     try:
-        import tensorflow_datasets as tfds
+        tfds = import_quietly("tensorflow_datasets")
     except ImportError:
         raise DataError(
             f"Dataset {name!r} is not bundled and tensorflow-datasets is not installed; {offline}"

@@ -4,6 +4,8 @@ import importlib.util
 
 import keras
 
+from experiments.cli import import_quietly
+
 
 def tensorflow_missing(feature):
     """None when TensorFlow can be imported, else one line saying that `feature` needs it.
@@ -23,7 +25,7 @@ def export_saved_model(model, export_dir):
 
     The model normalises pixels itself, so serving only casts uint8 to float32.
     """
-    import tensorflow as tf
+    tf = import_quietly("tensorflow")
 
     archive = keras.export.ExportArchive()
     archive.track(model)

@@ -71,13 +71,13 @@ def load_saved_model(path, endpoint="serve"):
     Trainable parameters are those the export tracked (`keras.export`
     records them); None if the SavedModel does not list any.
     """
+    from experiments.cli import import_quietly
     from experiments.export import tensorflow_missing
 
     missing = tensorflow_missing(f"reading the SavedModel {path}")
     if missing:
         raise EvaluationError(missing)
-    import tensorflow as tf
-
+    tf = import_quietly("tensorflow")
     try:
         loaded = tf.saved_model.load(str(path))
     except (ValueError, OSError) as err:  # a damaged saved_model.pb or variables/

@@ -124,6 +124,17 @@ def test_with_tensorflow_installed_a_jax_run_imports_it_only_to_export(uninterru
     assert agreement["max_abs_difference"] <= 1e-4 and agreement["saved_model_accuracy"] == agreement["keras_accuracy"]
 
 
+def test_with_tensorflow_installed_a_jax_tool_that_imports_it_still_fails_in_one_line(tmp_path):
+    # TensorFlow's C++ start-up log (several lines) is dropped when a JAX tool imports it late, for a SavedModel.
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "saved_model.pb").write_bytes(b"")
+    as_a_user_runs_it = {name: value for name, value in environment().items() if name != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "evaluate.py", str(tmp_path / "damaged"), "--dataset", "mnist"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env=as_a_user_runs_it)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "as a SavedModel" in done.stderr
+
+
 def test_benchmark_and_report_run_without_tensorflow(tmp_path):
     run("-m", "experiments.benchmark", "--profile", "tiny", "--results-dir", tmp_path)
     run("-m", "experiments.report", "--profile", "tiny", "--results-dir", tmp_path)
