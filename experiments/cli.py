@@ -144,6 +144,9 @@ OPTIONS = {
     "batch-size": dict(type=positive_int, help="examples per step (default: the tool's, see its description)"),
     "learning-rate": dict(type=finite_float, help="peak AdamW learning rate"),
     "weight-decay": dict(type=finite_float, help="AdamW weight decay"),
+    "dropout": dict(type=finite_float, help="dropout rate of the embedding and of each block's attention and MLP "
+                                            "(default 0: no dropout layer)"),
+    "label-smoothing": dict(type=finite_float, help="label smoothing of the cross-entropy, in [0, 1) (default 0)"),
     "seed": dict(type=non_negative_int, help="seed of the data order, initialisation and features"),
     "seeds": dict(type=non_negative_int, nargs="+", metavar="SEED", help="the seeds to run (default: the tool's)"),
     "hparams": dict(help="JSON of hyperparameters (e.g. the tuner's best_hparams.json); explicit flags win"),
@@ -216,7 +219,7 @@ RUN_OPTIONS = (
     *VARIANT_OPTIONS, "dataset", "limit", "size", "width", "depth", "heads", "mlp-dim",
     "patch-size", "num-features", "redraw-interval", "orthogonal", "deterministic", "rotation-order",
     "rope-mixed", "normalize-qk", "qk-norm", "learn-qk-norm", "absolute-position", "linformer-dim", "precision", "jit-compile",
-    "augment", "epochs", "batch-size", "seed",
+    "augment", "dropout", "label-smoothing", "epochs", "batch-size", "seed",
 )
 # The benchmark's queue selection, shared with its report.
 SELECTION_OPTIONS = ("profile", "variants", "datasets", "seeds", "epochs", "experiments", "results-dir")

@@ -10,7 +10,7 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 AUGMENTATIONS = ("none", "rotate", "rotate_shift", "crop_flip")
 # Fields added after runs were committed, with the value a run folder without them had.
 LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None, "qk_norm": 1.0, "learn_qk_norm": False,
-                "jit_compile": None}
+                "jit_compile": None, "dropout": 0.0, "label_smoothing": 0.0}
 # Fields that say how a run's steps execute, not what they compute: XLA changes float
 # rounding (and which random numbers a feature redraw gets, from the same distribution),
 # so runs that differ only here stay comparable in one cell. They still belong to the
@@ -38,6 +38,8 @@ class RunConfig:
     learning_rate: float = 1e-3
     weight_decay: float = 0.05
     warmup_epochs: float = 1.0
+    dropout: float = 0.0
+    label_smoothing: float = 0.0
     seed: int = 42
     size: str = "small"
     width: int | None = None
@@ -81,6 +83,9 @@ class RunConfig:
             check_finite("learning_rate", self.learning_rate, low=0.0, low_open=True)
             check_finite("weight_decay", self.weight_decay, low=0.0)
             check_finite("warmup_epochs", self.warmup_epochs, low=0.0)
+            for name in ("dropout", "label_smoothing"):
+                if not check_finite(name, getattr(self, name), low=0.0) < 1.0:
+                    raise ValueError(f"{name} must be < 1, got {getattr(self, name)!r}")
             check_finite("qk_norm", self.qk_norm, low=0.0, low_open=True)
             check_non_negative("redraw_interval", self.redraw_interval)
             check_non_negative("seed", self.seed)
@@ -115,7 +120,7 @@ class RunConfig:
 
     def model_overrides(self):
         """Keyword arguments of `create_model` beyond the variant name."""
-        sizes = {k: getattr(self, k) for k in ("width", "depth", "heads", "mlp_dim", "patch_size")}
+        sizes = {k: getattr(self, k) for k in ("width", "depth", "heads", "mlp_dim", "patch_size", "dropout")}
         kernel = {
             k: getattr(self, k)
             for k in (

@@ -33,6 +33,7 @@ import performer_keras
 from experiments import checkpoints, data, event_logs, history, pipelines
 from experiments.atomic import write_json
 from performer_keras.registry import create_model, model_config
+from performer_keras.smoothed_sparse_crossentropy import SmoothedSparseCrossentropy
 from experiments.run_config import RunError
 
 
@@ -409,7 +410,8 @@ def build_model(config, splits):
         **config.model_overrides(),
     )
     steps = data.steps_per_epoch(len(splits.train[0]), config.batch_size)
-    model.compile(optimizer=build_optimizer(config, steps), loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+    loss = SmoothedSparseCrossentropy(config.label_smoothing) if config.label_smoothing else "sparse_categorical_crossentropy"
+    model.compile(optimizer=build_optimizer(config, steps), loss=loss, metrics=["accuracy"],
                   steps_per_execution=steps_per_execution(steps),
                   jit_compile=keras_jit_compile(config.jit_compile))
     return model

@@ -24,7 +24,9 @@ _EXPORTS = {
     "RandomFeatures": "random_features",
     "ReluFeatures": "relu_features",
     "RotaryEmbedding2D": "rotary_embedding_2d",
+    "SmoothedSparseCrossentropy": "smoothed_sparse_crossentropy",
     "Standardize": "standardize",
+    "StepDropout": "step_dropout",
     "ToeplitzBias2D": "toeplitz_bias_2d",
     "build_vit": "vit",
     "FeatureMap": "feature_map",
@@ -37,7 +39,7 @@ _EXPORTS = {
     "list_variants": "registry",
     "parse_variant": "registry",
 }
-_LAYERS = tuple(name for name, module in _EXPORTS.items() if name[0].isupper() and module not in ("registry", "feature_map"))
+_SERIALIZABLE = tuple(name for name, module in _EXPORTS.items() if name[0].isupper() and module not in ("registry", "feature_map"))
 
 __all__ = sorted((*_EXPORTS, "custom_objects"))
 
@@ -55,5 +57,5 @@ def __dir__():
 
 
 def custom_objects():
-    """{class name: class} of every layer; importing them registers them for `.keras` loading."""
-    return {name: __getattr__(name) for name in _LAYERS}
+    """{class name: class} of every layer and the loss; importing them registers them for `.keras` loading."""
+    return {name: __getattr__(name) for name in _SERIALIZABLE}

@@ -6,6 +6,7 @@ from performer_keras.class_token import ClassToken
 from performer_keras.kernel_attention import KernelAttention
 from performer_keras.position_embedding import PositionEmbedding
 from performer_keras.standardize import Standardize
+from performer_keras.step_dropout import StepDropout
 
 
 def build_vit(
@@ -19,6 +20,7 @@ def build_vit(
     heads=8,
     mlp_dim=512,
     absolute_position=True,
+    dropout=0.0,
     mean=None,
     std=None,
     name=None,
@@ -39,6 +41,9 @@ def build_vit(
             are the reference recipe.
         absolute_position: add the learned absolute embedding (kept in every
             variant unless switched off).
+        dropout: rate of `StepDropout` on the embedded tokens, each block's
+            attention output, MLP hidden units and MLP output (ViT's places).
+            0 (the default) adds no layer, so the model is the one without.
         mean, std: per-channel normalisation statistics (None: 0 and 255).
         **kernel_options: passed to every `KernelAttention` (num_features,
             redraw_interval, rotation_order, ...).
@@ -58,17 +63,22 @@ def build_vit(
     x = ClassToken(name="class_token")(x)  # (batch, 1 + P, width)
     if absolute_position:
         x = PositionEmbedding(name="position_embedding")(x)
+
+    def dropped(tensor, name):
+        return StepDropout(dropout, name=f"{name}_dropout")(tensor) if dropout else tensor
+
+    x = dropped(x, "embedding")
     for i in range(depth):
         y = keras.layers.LayerNormalization(epsilon=1e-6, name=f"block_{i}_attention_norm")(x)
         y = KernelAttention(
             heads, attention, position, grid_size=grid, num_prefix_tokens=1,
             name=f"block_{i}_attention", **kernel_options,
         )(y)
-        x = keras.layers.Add(name=f"block_{i}_attention_residual")([x, y])
+        x = keras.layers.Add(name=f"block_{i}_attention_residual")([x, dropped(y, f"block_{i}_attention")])
         y = keras.layers.LayerNormalization(epsilon=1e-6, name=f"block_{i}_mlp_norm")(x)
         y = keras.layers.Dense(mlp_dim, activation="gelu", name=f"block_{i}_mlp_hidden")(y)
-        y = keras.layers.Dense(width, name=f"block_{i}_mlp_output")(y)
-        x = keras.layers.Add(name=f"block_{i}_mlp_residual")([x, y])
+        y = keras.layers.Dense(width, name=f"block_{i}_mlp_output")(dropped(y, f"block_{i}_mlp_hidden"))
+        x = keras.layers.Add(name=f"block_{i}_mlp_residual")([x, dropped(y, f"block_{i}_mlp_output")])
     x = keras.layers.LayerNormalization(epsilon=1e-6, name="final_norm")(x)
     cls = x[:, 0]  # (batch, width): the CLS token
     probabilities = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="head")(cls)

@@ -50,6 +50,8 @@ CASES = {
     "train --learning-rate 0": (train.main, [*TINY, "--learning-rate", "0"], "learning_rate"),
     "train --learning-rate abc": (train.main, [*TINY, "--learning-rate", "abc"], "--learning-rate"),
     "train --weight-decay -0.1": (train.main, [*TINY, "--weight-decay", "-0.1"], "weight_decay"),
+    "train --dropout 1": (train.main, [*TINY, "--dropout", "1"], "dropout must be < 1"),
+    "train --label-smoothing -0.1": (train.main, [*TINY, "--label-smoothing", "-0.1"], "label_smoothing"),
     "train linformer-kerple": (train.main, [*TINY, "--variant", "linformer-kerple"], "linformer-kerple"),
     "train unknown position": (train.main, [*TINY, "--variant", "favor-nope"], "Unknown position"),
     "train unknown kernel": (train.main, [*TINY, "--variant", "magic-rope"], "Unknown attention"),

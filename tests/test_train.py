@@ -153,8 +153,9 @@ def test_export_serves_uint8_with_the_same_predictions(tmp_path):
 
 @pytest.mark.slow  # a real train.py killed after an epoch, two minutes; tests/test_kill.py kills at every write
 def test_same_seed_same_metrics_and_resume_after_kill(tmp_path):
+    # With dropout, whose masks must go on where the killed run stopped (StepDropout), and label smoothing.
     args = ["--variant", "favor-absolute", "--size", "tiny", "--limit", "2000", "--batch-size", "16",
-            "--epochs", "3", "--redraw-interval", "7"]
+            "--epochs", "3", "--redraw-interval", "7", "--dropout", "0.1", "--label-smoothing", "0.1"]
     reference = tmp_path / "uninterrupted"
     train_ok(*args, "--out", reference)
 
