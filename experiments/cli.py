@@ -267,7 +267,7 @@ def start_backend():
     """
     huge_pages.restart_if_useful()
     if "keras" not in sys.modules:
-        _import_keras_quietly()
+        import_quietly("keras")
     import keras
 
     if keras.backend.backend() == "jax":
@@ -292,10 +292,6 @@ def keep_keras_from_importing_tensorflow():
 
     if "tensorflow" not in sys.modules:
         module_utils.tensorflow._available = False
-
-
-def _import_keras_quietly():
-    import_quietly("keras")
 
 
 def import_quietly(name):

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 
 import performer_keras
+from experiments.cli import import_quietly
 from experiments.compiled import compiled_predict
 from experiments.flops import count_flops, count_saved_model_flops
 from performer_keras.kernel_attention import KernelAttention
@@ -71,7 +72,6 @@ def load_saved_model(path, endpoint="serve"):
     Trainable parameters are those the export tracked (`keras.export`
     records them); None if the SavedModel does not list any.
     """
-    from experiments.cli import import_quietly
     from experiments.export import tensorflow_missing
 
     missing = tensorflow_missing(f"reading the SavedModel {path}")

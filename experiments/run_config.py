@@ -3,7 +3,7 @@
 import dataclasses
 import json
 
-from performer_keras.options import ROTATION_ORDERS, check_choice, check_finite, check_non_negative, check_positive
+from performer_keras.options import ROTATION_ORDERS, check_choice, check_finite, check_fraction, check_non_negative, check_positive
 from performer_keras.registry import DEFAULT_QK_NORM, SIZES, list_variants, model_config, normalizes_qk, parse_variant
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -83,9 +83,8 @@ class RunConfig:
             check_finite("learning_rate", self.learning_rate, low=0.0, low_open=True)
             check_finite("weight_decay", self.weight_decay, low=0.0)
             check_finite("warmup_epochs", self.warmup_epochs, low=0.0)
-            for name in ("dropout", "label_smoothing"):
-                if not check_finite(name, getattr(self, name), low=0.0) < 1.0:
-                    raise ValueError(f"{name} must be < 1, got {getattr(self, name)!r}")
+            check_fraction("dropout", self.dropout)
+            check_fraction("label_smoothing", self.label_smoothing)
             check_finite("qk_norm", self.qk_norm, low=0.0, low_open=True)
             check_non_negative("redraw_interval", self.redraw_interval)
             check_non_negative("seed", self.seed)

@@ -31,6 +31,13 @@ def check_non_negative(argument, value):
     return value
 
 
+def check_fraction(argument, value):
+    """Return `value` if it is a finite number in [0, 1) (a dropout rate, a label smoothing), else raise a ValueError."""
+    if check_finite(argument, value, low=0.0) >= 1.0:
+        raise ValueError(f"{argument} must be < 1, got {value!r}")
+    return value
+
+
 def check_finite(argument, value, low=None, low_open=False):
     """Return `value` if it is a finite number (>= `low`, or > `low` if `low_open`), else raise a ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

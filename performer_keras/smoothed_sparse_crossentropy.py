@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from performer_keras.options import check_fraction
+
 
 @keras.saving.register_keras_serializable(package="performer_keras")
 class SmoothedSparseCrossentropy(keras.losses.Loss):
@@ -20,7 +22,7 @@ class SmoothedSparseCrossentropy(keras.losses.Loss):
 
     def __init__(self, label_smoothing, name="smoothed_sparse_crossentropy", **kwargs):
         super().__init__(name=name, **kwargs)
-        self.label_smoothing = float(label_smoothing)
+        self.label_smoothing = float(check_fraction("label_smoothing", label_smoothing))
 
     def call(self, y_true, y_pred):
         labels = ops.one_hot(ops.cast(ops.reshape(y_true, (-1,)), "int32"), ops.shape(y_pred)[-1], dtype=y_pred.dtype)

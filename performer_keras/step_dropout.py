@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from performer_keras.options import check_finite
+from performer_keras.options import check_fraction
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -33,9 +33,7 @@ class StepDropout(keras.layers.Layer):
 
     def __init__(self, rate, seed=None, **kwargs):
         super().__init__(**kwargs)
-        self.rate = check_finite("rate", rate, low=0.0)
-        if self.rate >= 1.0:
-            raise ValueError(f"rate must be < 1 (the fraction of units dropped), got {rate!r}")
+        self.rate = check_fraction("rate", rate)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed, name="seed_generator")
         self.supports_masking = True

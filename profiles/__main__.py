@@ -43,7 +43,9 @@ def parse_args(argv=None):
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
-    args.out = Path(args.out)
+    # Absolute: the measuring children run in the repository's root (profiles/child.py), so a relative
+    # --out would put their traces there and the rest of the results here.
+    args.out = Path(args.out).resolve()
     args.variants = args.variants or list_variants()
     try:
         for variant in args.variants:

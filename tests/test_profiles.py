@@ -580,3 +580,12 @@ def test_run_manifest_keeps_one_entry_per_command(tmp_path):
     report.append_run(tmp_path, dict(entry("python -m profiles a", "3"), finished="4"))  # the same run, finished
     runs = read(tmp_path / "run.json")["runs"]
     assert [(r["command"][-1], r["started"], r.get("finished")) for r in runs] == [("b", "2", None), ("a", "3", "4")]
+
+
+def test_a_relative_out_is_made_absolute_for_the_children_that_run_in_the_repository(tmp_path, monkeypatch):
+    # Each measurement's child process runs in the repository's root (profiles/child.py): with a relative
+    # --out its traces would land there, apart from the rest of the results.
+    from profiles.__main__ import parse_args
+
+    monkeypatch.chdir(tmp_path)
+    assert parse_args(["--out", "mine", "--skip-bench"]).out == tmp_path.resolve() / "mine"

@@ -31,3 +31,9 @@ def test_round_trips_its_config_and_is_among_the_custom_objects():
     loss = SmoothedSparseCrossentropy(0.1)
     assert SmoothedSparseCrossentropy.from_config(loss.get_config()).get_config() == loss.get_config()
     assert custom_objects()["SmoothedSparseCrossentropy"] is SmoothedSparseCrossentropy
+
+
+@pytest.mark.parametrize("smoothing", [-0.1, 1.0, float("inf")])
+def test_refuses_a_smoothing_outside_0_to_1(smoothing):
+    with pytest.raises(ValueError, match="label_smoothing"):
+        SmoothedSparseCrossentropy(smoothing)
