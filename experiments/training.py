@@ -47,22 +47,29 @@ class TrainingDiverged(RuntimeError):
 
 
 class StopOnNaN(keras.callbacks.Callback):
-    """Raise `TrainingDiverged` at the end of an epoch whose mean loss is NaN or Inf.
+    """End training at the end of an epoch whose mean loss is NaN or Inf.
 
     Per epoch, not per batch like Keras' TerminateOnNaN: a batch hook makes
     Keras wait for the device every step and turns off its asynchronous
-    dispatch. One NaN step makes the epoch's mean NaN, so nothing is missed,
-    and placed before the writers this callback keeps the diverged epoch out
-    of the history, the best checkpoint and the backup.
+    dispatch. One NaN step makes the epoch's mean NaN, so nothing is missed.
+
+    With `out_dir` (a run folder) it raises `TrainingDiverged`; placed before
+    the writers it keeps the diverged epoch out of the history, the best
+    checkpoint and the backup. Without (a tuner trial) it stops training
+    quietly: a diverged trial is a bad trial that keeps its best epoch, not an error.
     """
 
-    def __init__(self, out_dir):
+    def __init__(self, out_dir=None):
         super().__init__()
-        self.out_dir = Path(out_dir)
+        self.out_dir = None if out_dir is None else Path(out_dir)
 
     def on_epoch_end(self, epoch, logs=None):
         loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
+        if loss is None or math.isfinite(float(loss)):
+            return
+        if self.out_dir is None:
+            self.model.stop_training = True
+        else:
             raise TrainingDiverged(
                 f"training diverged (NaN/Inf loss) in epoch {epoch + 1}; the last good checkpoint is kept in "
                 f"{self.out_dir / 'best.keras'} and the backup in {self.out_dir / 'backup'}"

@@ -6,29 +6,36 @@ the same search again, killed after its first trial and resumed, and compares.
 """
 
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import keras_tuner
 import pytest
 
 from experiments.run_config import RunConfig
 from tuning import search_spaces
 from tuning.__main__ import main as tune
 from tuning.search import KILL_AFTER_TRIALS_ENV, SEARCH_FILE
-from tuning.search_spaces import Choice, LogUniform, SearchError
+from tuning.search_spaces import Choice, LogUniform, SearchError, Uniform
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Without XLA: compiling is most of a tiny trial's time (this search took 150-161 s with it and
 # 67-71 s without, measured alternately on the 2-core CPU), and nothing the search does depends
 # on it; tests/test_train.py checks that XLA reaches the model and computes the same.
+# Regularisation joins the default space on request; dropout is never 0 here, so the best trial that
+# train.py repeats below has dropout layers.
 SEARCH = [
     "favor-rope", "--dataset", "mnist", "--size", "tiny", "--limit", "300", "--epochs", "1",
     "--batch-size", "150", "--algorithm", "random", "--max-trials", "3", "--no-jit-compile", "--quiet",
+    "--space", "dropout=0.1:0.3", "--space", "label_smoothing=0,0.1",
 ]
+SEARCHED = {"learning_rate", "weight_decay", "num_features", "redraw_interval", "dropout", "label_smoothing"}
 TRIAL_IDS = ["0", "1", "2"]
 
 
@@ -58,7 +65,7 @@ def test_search_writes_every_trial(search):
     for trial_id in TRIAL_IDS:
         trial = trial_json(search, trial_id)
         assert trial["status"] == "COMPLETED"
-        assert set(trial["hyperparameters"]["values"]) == {"learning_rate", "weight_decay", "num_features", "redraw_interval"}
+        assert set(trial["hyperparameters"]["values"]) == SEARCHED
         assert 0.0 <= trial["score"] <= 1.0
     assert started_trials(search) == TRIAL_IDS
     assert not (search / "keras_tuner" / "trial_3").exists()
@@ -95,6 +102,7 @@ def test_best_hparams_reproduce_the_trial_in_train_py(search, tmp_path):
     trial_dir = search / "keras_tuner" / f"trial_{best['trial_id']}"
     trial_config = RunConfig(**json.loads((trial_dir / "config.json").read_text()))
     assert RunConfig.from_sources(best_path) == trial_config
+    assert 0.1 <= trial_config.dropout <= 0.3
     assert best["hyperparameters"]["learning_rate"] == trial_json(search, best["trial_id"])["hyperparameters"]["values"]["learning_rate"]
 
     # train.py takes the file as it is and repeats the trial, numbers included.
@@ -205,6 +213,8 @@ def snapshot(folder):
     (["favor-rope", "--space", "learning_rate=1e-3:1e-4"], "range of learning_rate is empty"),
     (["softmax-rope", "--space", "num_features=32,64"], "does not use num_features"),
     (["favor-rope", "--num-features", "32"], "--space num_features=32"),
+    (["softmax-rope", "--dropout", "0.1", "--space", "dropout=0:0.3"], "--space dropout=0.1"),
+    (["softmax-rope", "--space", "dropout=0.5:1"], "dropout must be in [0, 1)"),
     (["favor-rope", "--space", "momentum=0.9"], "Unknown hyperparameter 'momentum'"),
     (["favor-rope", "--max-trials", "0"], "argument --max-trials: expected a whole number >= 1"),
     (["favor-rope", "--max-trials", "5"], "--max-trials caps bayesian and random searches"),
@@ -257,6 +267,72 @@ def test_each_kernel_searches_only_what_it_uses():
     assert space["num_features"] == Choice((16, 32, 64, 128, 256))
 
 
+def test_every_variant_searches_regularisation_only_when_asked():
+    overrides = search_spaces.parse_overrides(["dropout=0:0.3", "label_smoothing=0,0.1"])
+    assert overrides == {"dropout": Uniform(0.0, 0.3), "label_smoothing": Choice((0.0, 0.1))}
+    for variant in ("softmax-absolute", "favor-rope", "linformer-string"):
+        config = RunConfig(variant=variant)
+        assert not {"dropout", "label_smoothing"} & set(search_spaces.space_for(config))
+        space = search_spaces.space_for(config, overrides)
+        assert space["dropout"] == Uniform(0.0, 0.3) and space["label_smoothing"] == Choice((0.0, 0.1))
+    # A fraction's range reads back from search.json's form; its draws stay in [low, high].
+    assert search_spaces.parse_dimension("dropout", {"uniform": [0, 0.3]}) == Uniform(0.0, 0.3)
+    hp = keras_tuner.HyperParameters()
+    drawn = Uniform(0.0, 0.3).declare(hp, "dropout")
+    assert 0.0 <= drawn <= 0.3 and hp.space[0].sampling == "linear"
+    assert str(Uniform(0.0, 0.3)) == "0:0.3 (uniform)"
+    for bad, message in [
+        ("dropout=1", "dropout must be in [0, 1)"),
+        ("dropout=0:1", "dropout must be in [0, 1)"),
+        ("label_smoothing=-0.1:0.1", "label_smoothing must be in [0, 1)"),
+        ("dropout=0.3:0.1", "range of dropout is empty"),
+        ("learning_rate=0:1e-3", "log-uniform range of learning_rate needs 0 < low"),
+    ]:
+        with pytest.raises(SearchError, match=re.escape(message)):
+            search_spaces.parse_overrides([bad])
+    for name, value, message in [
+        ("dropout", {"log_uniform": [0.1, 0.3]}, "dropout takes a uniform range, not log_uniform"),
+        ("learning_rate", {"uniform": [1e-4, 1e-3]}, "learning_rate takes a log_uniform range, not uniform"),
+        ("num_features", {"uniform": [16, 64]}, "num_features takes a list of values, not uniform"),
+    ]:
+        with pytest.raises(SearchError, match=re.escape(message)):
+            search_spaces.parse_dimension(name, value)
+
+
+def test_a_diverged_trial_ends_after_its_epoch_without_holding_keras_to_every_batch(monkeypatch, tmp_path):
+    import keras
+
+    from experiments import data, training
+    from tuning.hypermodel import VitHyperModel
+    from tuning.search import train_trial
+
+    splits = data.load_dataset("mnist", limit=300)
+    config = RunConfig(variant="favor-rope", size="tiny", limit=300, batch_size=150, epochs=4,
+                       learning_rate=1e30, jit_compile=False)
+    callbacks = []
+    fit = training.fit_model
+
+    def recording_fit(model, config, splits, given, **kwargs):
+        callbacks.extend(given)
+        return fit(model, config, splits, given, **kwargs)
+
+    monkeypatch.setattr(training, "fit_model", recording_fit)
+    metrics = train_trial(VitHyperModel(config, {}, splits), keras_tuner.HyperParameters(),
+                          log_dir=tmp_path / "tensorboard", csv_path=tmp_path / "history.csv", name="diverged")
+    header, *epochs = (tmp_path / "history.csv").read_text().splitlines()
+    losses = [float(epoch.split(",")[header.split(",").index("loss")]) for epoch in epochs]
+    # No error: the trial stopped at the end of its first epoch with a NaN loss, before its budget of 4.
+    assert len(losses) < 4 and math.isnan(losses[-1]) and not any(map(math.isnan, losses[:-1]))
+    assert metrics["best_epoch"] >= 1
+    # Only epoch-end hooks: a batch hook (Keras' TerminateOnNaN or TensorBoard callbacks) makes Keras
+    # wait for the device every step and turns its asynchronous dispatch off.
+    assert callbacks
+    for callback in callbacks:
+        for hook in ("on_batch_end", "on_train_batch_end"):
+            assert getattr(type(callback), hook) is getattr(keras.callbacks.Callback, hook), (callback, hook)
+    assert list((tmp_path / "tensorboard" / "validation").glob("events.out.tfevents.*"))
+
+
 def test_spaces_narrow_and_widen_from_the_command_line_and_a_file(tmp_path):
     path = tmp_path / "space.json"
     path.write_text(json.dumps({"learning_rate": "1e-5:1e-2", "num_features": [64, 32], "redraw_interval": 0}))
@@ -279,7 +355,8 @@ def test_search_json_describes_the_search(search):
     described = json.loads((search / SEARCH_FILE).read_text())
     assert described["algorithm"] == "random" and described["max_trials"] == 3
     assert described["fixed"]["variant"] == "favor-rope" and described["fixed"]["limit"] == 300
-    assert set(described["space"]) == {"learning_rate", "weight_decay", "num_features", "redraw_interval"}
+    assert set(described["space"]) == SEARCHED
+    assert described["space"]["dropout"] == {"uniform": [0.1, 0.3]}
     assert "learning_rate" not in described["fixed"]
 
 

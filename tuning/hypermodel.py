@@ -8,7 +8,6 @@ makes of the trial's `RunConfig`, without the crash-safe run folder.
 
 import dataclasses
 
-import keras
 import keras_tuner
 
 from experiments import training
@@ -25,7 +24,7 @@ class VitHyperModel(keras_tuner.HyperModel):
     Args:
         base_config: the `RunConfig` every trial starts from (variant, data,
             size, epochs, seed, ...).
-        space: {RunConfig field name: `LogUniform` or `Choice`}, see
+        space: {RunConfig field name: a dimension (`LogUniform`, `Uniform`, `Choice`)}, see
             `search_spaces`.
         splits: the loaded `data.Splits` of `base_config.dataset`.
     """
@@ -55,6 +54,5 @@ class VitHyperModel(keras_tuner.HyperModel):
 
         Returns the `History`; the objective is its best `val_accuracy`.
         """
-        # A diverged trial stops and keeps the accuracy it had: a bad trial, not an error.
-        callbacks = [training.EpochStats(), keras.callbacks.TerminateOnNaN(), *callbacks]
+        callbacks = [training.EpochStats(), training.StopOnNaN(), *callbacks]
         return training.fit_model(model, self.trial_config(hp), self.splits, callbacks, verbose=verbose)

@@ -55,7 +55,7 @@ import keras
 import keras_tuner
 import numpy as np
 
-from experiments import atomic, data, training
+from experiments import atomic, data, event_logs, training
 from performer_keras.options import check_choice
 from tuning import search_spaces
 from tuning.hypermodel import OBJECTIVE, VitHyperModel
@@ -86,7 +86,7 @@ class Search:
     Args:
         base_config: the `RunConfig` of every trial before the sampled values
             (for Hyperband, `epochs` is the longest trial).
-        space: {name: LogUniform | Choice}, see `search_spaces`.
+        space: {name: LogUniform | Uniform | Choice}, see `search_spaces`.
         algorithm: one of `ALGORITHMS`.
         max_trials: at most this many bayesian or random trials (None:
             `DEFAULT_MAX_TRIALS`); Hyperband runs one iteration of its brackets.
@@ -191,7 +191,9 @@ def train_trial(hypermodel, hp, log_dir, csv_path, name, verbose=0):
         training.log_hparams(log_dir, config, trial_id=name)
         history = hypermodel.fit(
             hp, model, verbose=verbose,
-            callbacks=[keras.callbacks.CSVLogger(csv_path), keras.callbacks.TensorBoard(log_dir)],
+            # Epoch-end writers only (Keras' TensorBoard callback hooks every batch), so Keras dispatches
+            # batches asynchronously, as in train.py.
+            callbacks=[keras.callbacks.CSVLogger(csv_path), event_logs.EpochScalars(log_dir)],
         )
     return best_epoch(history.history)
 
@@ -223,7 +225,7 @@ class VitTuner(keras_tuner.Tuner):
         config = self.hypermodel.trial_config(hp)
         trial_dir = Path(self.get_trial_dir(trial.trial_id))
         atomic.write_json(trial_dir / "config.json", config.to_dict())
-        values = {name: config.to_dict()[name] for name in sorted(self.hypermodel.space)}
+        values = {name: getattr(config, name) for name in sorted(self.hypermodel.space)}
         self.log(f"start trial {trial.trial_id} tuner={self.tuner_id} epochs={config.epochs} {json.dumps(values)}")
         metrics = train_trial(
             self.hypermodel, hp,
@@ -410,7 +412,8 @@ def write_summary(out_dir, search, rows, confirmation=None):
         "",
         "Fixed: " + ", ".join(
             f"{k}={v}" for k, v in search.to_json()["fixed"].items()
-            if k in ("size", "width", "depth", "heads", "mlp_dim", "patch_size", "epochs", "batch_size", "limit", "seed", "precision")
+            if k in ("size", "width", "depth", "heads", "mlp_dim", "patch_size", "epochs", "batch_size", "limit", "seed",
+                     "precision", "dropout", "label_smoothing")
             and v is not None
         ),
         "",
@@ -427,13 +430,12 @@ def write_summary(out_dir, search, rows, confirmation=None):
     header = ["rank", "trial", OBJECTIVE, *names, "epochs", "best epoch", "seconds", "status"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for rank, row in enumerate(rows, 1):
-        values = row["config"].to_dict()
         score = f"{row[OBJECTIVE]:.4f}" if row[OBJECTIVE] is not None else "-"
         result = row["result"]
         cells = [
             str(rank) if row[OBJECTIVE] is not None else "-", row["trial_id"], score,
-            *(format_value(values[name]) for name in names),
-            str(values["epochs"]), str(result.get("best_epoch", "-")),
+            *(format_value(getattr(row["config"], name)) for name in names),
+            str(row["config"].epochs), str(result.get("best_epoch", "-")),
             f"{result['seconds']:.1f}" if "seconds" in result else "-", row["status"],
         ]
         lines.append("| " + " | ".join(cells) + " |")

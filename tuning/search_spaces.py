@@ -5,7 +5,9 @@ kernel also searches the options its `registry.Kernel.searched` names (from
 `KERNEL_OPTIONS`): `favor` and `relu` their number of random features m, and
 `favor` how often it redraws them. A variant never searches what it does not use: softmax,
 exp and linformer have no random features, and relu with `--deterministic`
-(phi(x) = ReLU(x), no projection) has none either.
+(phi(x) = ReLU(x), no projection) has none either. Regularisation (`ON_REQUEST`:
+dropout, label smoothing) every variant may search, but only when asked: the
+default search tunes the optimizer under the run's own regularisation.
 
 Command, time and accuracy of the default search (the `small` size, Hyperband
 over at most 10 epochs per trial on the bundled MNIST):
@@ -30,6 +32,8 @@ Narrow or widen a space from the command line (repeatable) or a JSON file:
     --space learning_rate=3e-4:1e-3     a log-uniform range low:high
     --space num_features=32,64          a choice among values
     --space redraw_interval=0           one value: fixed, not searched
+    --space dropout=0:0.3               a fraction's range low:high is uniform
+    --space label_smoothing=0,0.1       adds a dimension of `ON_REQUEST`
     --space-file space.json             {"learning_rate": "3e-4:1e-3",
                                          "num_features": [32, 64]}
 
@@ -65,6 +69,23 @@ class LogUniform:
 
 
 @dataclasses.dataclass(frozen=True)
+class Uniform:
+    """A float drawn uniformly from [low, high]: a fraction's range, which may start at 0."""
+
+    low: float
+    high: float
+
+    def declare(self, hp, name):
+        return hp.Float(name, self.low, self.high)
+
+    def to_json(self):
+        return {"uniform": [self.low, self.high]}
+
+    def __str__(self):
+        return f"{self.low:g}:{self.high:g} (uniform)"
+
+
+@dataclasses.dataclass(frozen=True)
 class Choice:
     """One of `values`; a single value is fixed, not searched."""
 
@@ -96,18 +117,25 @@ KERNEL_OPTIONS = {
 }
 
 
+# Searched only when a `--space` names them, by any variant; otherwise the run's own value holds.
+ON_REQUEST = ("dropout", "label_smoothing")
+
+
 def kernel_space(kernel):
     """The default space of `kernel`: the optimizer, plus the kernel options its table entry searches."""
     return {**OPTIMIZER, **{name: KERNEL_OPTIONS[name] for name in KERNEL_TABLE[kernel].searched}}
 
-# The type and the valid values of every hyperparameter a space may hold.
+# The type, the valid values and the range a `low:high` means of every hyperparameter a space may hold.
 VALUE_RULES = {
-    # name              type   valid when        said as
-    "learning_rate": (float, lambda v: v > 0, "> 0"),
-    "weight_decay": (float, lambda v: v >= 0, ">= 0"),
-    "num_features": (int, lambda v: v >= 1, ">= 1"),
-    "redraw_interval": (int, lambda v: v >= 0, ">= 0 (0 = never)"),
+    # name              type   valid when              said as             low:high
+    "learning_rate": (float, lambda v: v > 0, "> 0", LogUniform),
+    "weight_decay": (float, lambda v: v >= 0, ">= 0", LogUniform),
+    "num_features": (int, lambda v: v >= 1, ">= 1", None),
+    "redraw_interval": (int, lambda v: v >= 0, ">= 0 (0 = never)", None),
+    "dropout": (float, lambda v: 0 <= v < 1, "in [0, 1)", Uniform),
+    "label_smoothing": (float, lambda v: 0 <= v < 1, "in [0, 1)", Uniform),
 }
+RANGES = {LogUniform: "log_uniform", Uniform: "uniform"}
 
 
 def default_space(config):
@@ -119,14 +147,15 @@ def default_space(config):
 
 
 def space_for(config, overrides=None, strict=True):
-    """`default_space(config)` with `overrides` ({name: LogUniform | Choice}) applied.
+    """`default_space(config)` with `overrides` ({name: dimension}) applied.
 
-    With `strict`, an override of a hyperparameter the variant does not use is
-    an error; otherwise (a sweep over several variants) it is skipped here.
+    A name of `ON_REQUEST` joins the space. With `strict`, an override of a
+    hyperparameter the variant does not use is an error; otherwise (a sweep
+    over several variants) it is skipped here.
     """
     space = default_space(config)
     for name, dimension in (overrides or {}).items():
-        if name not in space:
+        if name not in space and name not in ON_REQUEST:
             if strict:
                 raise SearchError(
                     f"{config.variant} does not use {name}; its space holds {sorted(space)}"
@@ -181,19 +210,23 @@ def parse_dimension(name, value):
     """A dimension from 'low:high', 'a,b,c', 'a', a JSON list, number, or `to_json` object."""
     if name not in VALUE_RULES:
         raise SearchError(f"Unknown hyperparameter {name!r}; expected one of {tuple(VALUE_RULES)}")
-    kind, valid, said = VALUE_RULES[name]
-    if isinstance(value, dict) and len(value) == 1 and "log_uniform" in value:
-        value = value["log_uniform"]
+    kind, valid, said, range_type = VALUE_RULES[name]
+    if isinstance(value, dict) and len(value) == 1 and set(value) <= set(RANGES.values()):
+        (written,) = value
+        if written != RANGES.get(range_type):
+            takes = f"a {RANGES[range_type]} range" if range_type else "a list of values"
+            raise SearchError(f"{name} takes {takes}, not {written}")
+        value = value[written]
         if not (isinstance(value, list) and len(value) == 2):
-            raise SearchError(f"{name}: log_uniform takes [low, high], got {value!r}")
+            raise SearchError(f"{name}: {written} takes [low, high], got {value!r}")
         low, high = (_number(name, kind, v) for v in value)
-        return _range(name, kind, valid, said, low, high)
+        return _range(name, VALUE_RULES[name], low, high)
     if isinstance(value, dict) and len(value) == 1 and "choice" in value:
         value = value["choice"]
     if isinstance(value, str):
         if ":" in value:
             low, _, high = value.partition(":")
-            return _range(name, kind, valid, said, _number(name, kind, low), _number(name, kind, high))
+            return _range(name, VALUE_RULES[name], _number(name, kind, low), _number(name, kind, high))
         value = [v for v in value.split(",") if v.strip()] if value.strip() else []
     if not isinstance(value, list):
         value = [value]
@@ -208,14 +241,18 @@ def parse_dimension(name, value):
     return Choice(tuple(sorted(values)))
 
 
-def _range(name, kind, valid, said, low, high):
-    if kind is not float:
+def _range(name, rules, low, high):
+    _, valid, said, range_type = rules
+    if range_type is None:
         raise SearchError(f"{name} takes a list of values (e.g. {name}=32,64), not a range")
-    if not (low > 0 and valid(low) and valid(high)):
+    if range_type is LogUniform and not low > 0:
         raise SearchError(f"a log-uniform range of {name} needs 0 < low, got {low:g}:{high:g}")
+    for v in (low, high):
+        if not valid(v):
+            raise SearchError(f"{name} must be {said}, got {v!r}")
     if not low < high:
         raise SearchError(f"the range of {name} is empty: {low:g}:{high:g} (need low < high)")
-    return LogUniform(low, high)
+    return range_type(low, high)
 
 
 def _number(name, kind, value):
