@@ -22,7 +22,7 @@ from experiments.run_config import RunConfig
 from tuning import search_spaces
 from tuning.__main__ import main as tune
 from tuning.search import KILL_AFTER_TRIALS_ENV, SEARCH_FILE
-from tuning.search_spaces import Choice, LogUniform, SearchError, Uniform
+from tuning.search_spaces import Choice, Range, SearchError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Without XLA: compiling is most of a tiny trial's time (this search took 150-161 s with it and
@@ -263,24 +263,24 @@ def test_each_kernel_searches_only_what_it_uses():
     assert names(variant="relu-kerple") == optimizer | {"num_features"}
     assert names(variant="relu-kerple", deterministic=True) == optimizer
     space = search_spaces.space_for(RunConfig(variant="favor-rope"))
-    assert space["learning_rate"] == LogUniform(1e-4, 3e-3)
+    assert space["learning_rate"] == Range(1e-4, 3e-3)
     assert space["num_features"] == Choice((16, 32, 64, 128, 256))
 
 
 def test_every_variant_searches_regularisation_only_when_asked():
     overrides = search_spaces.parse_overrides(["dropout=0:0.3", "label_smoothing=0,0.1"])
-    assert overrides == {"dropout": Uniform(0.0, 0.3), "label_smoothing": Choice((0.0, 0.1))}
+    assert overrides == {"dropout": Range(0.0, 0.3, "linear"), "label_smoothing": Choice((0.0, 0.1))}
     for variant in ("softmax-absolute", "favor-rope", "linformer-string"):
         config = RunConfig(variant=variant)
         assert not {"dropout", "label_smoothing"} & set(search_spaces.space_for(config))
         space = search_spaces.space_for(config, overrides)
-        assert space["dropout"] == Uniform(0.0, 0.3) and space["label_smoothing"] == Choice((0.0, 0.1))
+        assert space["dropout"] == Range(0.0, 0.3, "linear") and space["label_smoothing"] == Choice((0.0, 0.1))
     # A fraction's range reads back from search.json's form; its draws stay in [low, high].
-    assert search_spaces.parse_dimension("dropout", {"uniform": [0, 0.3]}) == Uniform(0.0, 0.3)
+    assert search_spaces.parse_dimension("dropout", {"uniform": [0, 0.3]}) == Range(0.0, 0.3, "linear")
     hp = keras_tuner.HyperParameters()
-    drawn = Uniform(0.0, 0.3).declare(hp, "dropout")
+    drawn = Range(0.0, 0.3, "linear").declare(hp, "dropout")
     assert 0.0 <= drawn <= 0.3 and hp.space[0].sampling == "linear"
-    assert str(Uniform(0.0, 0.3)) == "0:0.3 (uniform)"
+    assert str(Range(0.0, 0.3, "linear")) == "0:0.3 (uniform)"
     for bad, message in [
         ("dropout=1", "dropout must be in [0, 1)"),
         ("dropout=0:1", "dropout must be in [0, 1)"),
@@ -338,7 +338,7 @@ def test_spaces_narrow_and_widen_from_the_command_line_and_a_file(tmp_path):
     path.write_text(json.dumps({"learning_rate": "1e-5:1e-2", "num_features": [64, 32], "redraw_interval": 0}))
     overrides = search_spaces.parse_overrides(["num_features=128"], path)
     assert overrides == {
-        "learning_rate": LogUniform(1e-5, 1e-2),
+        "learning_rate": Range(1e-5, 1e-2),
         "num_features": Choice((128,)),
         "redraw_interval": Choice((0,)),
     }

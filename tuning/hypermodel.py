@@ -24,7 +24,7 @@ class VitHyperModel(keras_tuner.HyperModel):
     Args:
         base_config: the `RunConfig` every trial starts from (variant, data,
             size, epochs, seed, ...).
-        space: {RunConfig field name: a dimension (`LogUniform`, `Uniform`, `Choice`)}, see
+        space: {RunConfig field name: a dimension (`Range` or `Choice`)}, see
             `search_spaces`.
         splits: the loaded `data.Splits` of `base_config.dataset`.
     """

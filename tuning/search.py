@@ -86,7 +86,7 @@ class Search:
     Args:
         base_config: the `RunConfig` of every trial before the sampled values
             (for Hyperband, `epochs` is the longest trial).
-        space: {name: LogUniform | Uniform | Choice}, see `search_spaces`.
+        space: {name: Range | Choice}, see `search_spaces`.
         algorithm: one of `ALGORITHMS`.
         max_trials: at most this many bayesian or random trials (None:
             `DEFAULT_MAX_TRIALS`); Hyperband runs one iteration of its brackets.

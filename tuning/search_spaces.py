@@ -51,38 +51,27 @@ class SearchError(ValueError):
     """Bad input to a search (a space, an option, a results folder); one line for the user."""
 
 
-@dataclasses.dataclass(frozen=True)
-class LogUniform:
-    """A float drawn log-uniformly from [low, high]."""
-
-    low: float
-    high: float
-
-    def declare(self, hp, name):
-        return hp.Float(name, self.low, self.high, sampling="log")
-
-    def to_json(self):
-        return {"log_uniform": [self.low, self.high]}
-
-    def __str__(self):
-        return f"{self.low:g}:{self.high:g} (log-uniform)"
+# How a `Range` draws, and the key that names it in search.json.
+SAMPLINGS = {"log": "log_uniform", "linear": "uniform"}
 
 
 @dataclasses.dataclass(frozen=True)
-class Uniform:
-    """A float drawn uniformly from [low, high]: a fraction's range, which may start at 0."""
+class Range:
+    """A float drawn from [low, high]: log-uniformly (a rate, a decay) or uniformly
+    (`sampling="linear"`: a fraction, whose range may start at 0)."""
 
     low: float
     high: float
+    sampling: str = "log"
 
     def declare(self, hp, name):
-        return hp.Float(name, self.low, self.high)
+        return hp.Float(name, self.low, self.high, sampling=self.sampling)
 
     def to_json(self):
-        return {"uniform": [self.low, self.high]}
+        return {SAMPLINGS[self.sampling]: [self.low, self.high]}
 
     def __str__(self):
-        return f"{self.low:g}:{self.high:g} (uniform)"
+        return f"{self.low:g}:{self.high:g} ({SAMPLINGS[self.sampling].replace('_', '-')})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +95,8 @@ class Choice:
 # === The spaces ===
 
 OPTIMIZER = {
-    "learning_rate": LogUniform(1e-4, 3e-3),
-    "weight_decay": LogUniform(1e-3, 0.3),
+    "learning_rate": Range(1e-4, 3e-3),
+    "weight_decay": Range(1e-3, 0.3),
 }
 # The kernel options a kernel may search (`registry.Kernel.searched`) and their ranges.
 KERNEL_OPTIONS = {
@@ -125,17 +114,17 @@ def kernel_space(kernel):
     """The default space of `kernel`: the optimizer, plus the kernel options its table entry searches."""
     return {**OPTIMIZER, **{name: KERNEL_OPTIONS[name] for name in KERNEL_TABLE[kernel].searched}}
 
-# The type, the valid values and the range a `low:high` means of every hyperparameter a space may hold.
+# The type, the valid values and the sampling of a `low:high` range (None: no range) of every
+# hyperparameter a space may hold.
 VALUE_RULES = {
     # name              type   valid when              said as             low:high
-    "learning_rate": (float, lambda v: v > 0, "> 0", LogUniform),
-    "weight_decay": (float, lambda v: v >= 0, ">= 0", LogUniform),
+    "learning_rate": (float, lambda v: v > 0, "> 0", "log"),
+    "weight_decay": (float, lambda v: v >= 0, ">= 0", "log"),
     "num_features": (int, lambda v: v >= 1, ">= 1", None),
     "redraw_interval": (int, lambda v: v >= 0, ">= 0 (0 = never)", None),
-    "dropout": (float, lambda v: 0 <= v < 1, "in [0, 1)", Uniform),
-    "label_smoothing": (float, lambda v: 0 <= v < 1, "in [0, 1)", Uniform),
+    "dropout": (float, lambda v: 0 <= v < 1, "in [0, 1)", "linear"),
+    "label_smoothing": (float, lambda v: 0 <= v < 1, "in [0, 1)", "linear"),
 }
-RANGES = {LogUniform: "log_uniform", Uniform: "uniform"}
 
 
 def default_space(config):
@@ -210,11 +199,11 @@ def parse_dimension(name, value):
     """A dimension from 'low:high', 'a,b,c', 'a', a JSON list, number, or `to_json` object."""
     if name not in VALUE_RULES:
         raise SearchError(f"Unknown hyperparameter {name!r}; expected one of {tuple(VALUE_RULES)}")
-    kind, valid, said, range_type = VALUE_RULES[name]
-    if isinstance(value, dict) and len(value) == 1 and set(value) <= set(RANGES.values()):
+    kind, valid, said, sampling = VALUE_RULES[name]
+    if isinstance(value, dict) and len(value) == 1 and set(value) <= set(SAMPLINGS.values()):
         (written,) = value
-        if written != RANGES.get(range_type):
-            takes = f"a {RANGES[range_type]} range" if range_type else "a list of values"
+        if written != SAMPLINGS.get(sampling):
+            takes = f"a {SAMPLINGS[sampling]} range" if sampling else "a list of values"
             raise SearchError(f"{name} takes {takes}, not {written}")
         value = value[written]
         if not (isinstance(value, list) and len(value) == 2):
@@ -242,17 +231,17 @@ def parse_dimension(name, value):
 
 
 def _range(name, rules, low, high):
-    _, valid, said, range_type = rules
-    if range_type is None:
+    _, valid, said, sampling = rules
+    if sampling is None:
         raise SearchError(f"{name} takes a list of values (e.g. {name}=32,64), not a range")
-    if range_type is LogUniform and not low > 0:
+    if sampling == "log" and not low > 0:
         raise SearchError(f"a log-uniform range of {name} needs 0 < low, got {low:g}:{high:g}")
     for v in (low, high):
         if not valid(v):
             raise SearchError(f"{name} must be {said}, got {v!r}")
     if not low < high:
         raise SearchError(f"the range of {name} is empty: {low:g}:{high:g} (need low < high)")
-    return range_type(low, high)
+    return Range(low, high, sampling)
 
 
 def _number(name, kind, value):
