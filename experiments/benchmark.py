@@ -25,7 +25,8 @@ a GPU; keep 1 on a CPU). `--max-minutes T` suits a time-limited slot (a batch jo
 hour): a run starts only if the time left covers its expected time (the
 slowest first epoch, which compiles, then the slowest later epoch for each
 epoch after it, of the finished runs of its own row with its XLA setting,
-else of its variant's main-table row, else of its dataset), so the slot ends
+else of its variant's main-table row, else of its dataset; runs made on this
+machine's device first, others' only where it has made none of them), so the slot ends
 with finished folders only (a run with no finished run of its dataset to judge
 from starts while any time is left, and says it may not finish); `--archive
 FILE.tar.gz` then packs the finished run folders (without checkpoints) for the
@@ -212,14 +213,16 @@ def is_finished(job, root):
     return (job.folder(root) / "metrics.json").is_file()
 
 
-def expected_seconds(job, root, statistic=max):
+def expected_seconds(job, root, statistic=max, device=None):
     """Seconds `job` still needs, from the epochs of finished runs like it; None without any.
 
     Runs of the job's own cell are asked first, then the variant's main-table
     row (an ablation of it costs about as much), then any finished row of the
     dataset; where the job sets jit_compile, only runs that ran with its
     setting count (`aggregate.ran_with_xla`: XLA changes an epoch's time by up
-    to 1.6x on this project's CPU). Epochs the run already has (a resumed
+    to 1.6x on this project's CPU). With `device` (`latency.device_name()`),
+    only runs whose metrics.json names that device count: one results tree
+    holds a GPU's runs beside CPUs' runs whose epochs take tens of times longer. Epochs the run already has (a resumed
     run) are not counted again. A session's first epoch also compiles the
     step (on a GPU 4-7x a later epoch), so it is forecast from the first
     epochs and the rest from the later ones: `statistic` of each is the time,
@@ -230,11 +233,13 @@ def expected_seconds(job, root, statistic=max):
     def like_job(folder):
         if not (folder / "metrics.json").is_file():
             return False
-        if not isinstance(job.config.jit_compile, bool):
-            return True
         try:
+            if device is not None and json.loads((folder / "metrics.json").read_text()).get("device") != device:
+                return False
+            if not isinstance(job.config.jit_compile, bool):
+                return True
             config = json.loads((folder / "config.json").read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             return False
         return ran_with_xla(config, read_sessions(folder)) == job.config.jit_compile
 
@@ -319,21 +324,27 @@ def list_queue(jobs, root, profile, log=print):
     log(line)
 
 
-def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None):
+def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None, device=None):
     """Train every unfinished job in order; returns {"finished", "trained", "failed", "skipped", "no_time"} lists.
 
     A run that fails (another run's folder, bad data, divergence) is reported
     and the queue goes on; a missing init_from checkpoint skips the run.
     `max_runs` stops after that many trainings (finished runs do not count);
     `deadline` (a `time.monotonic()` instant) starts no run whose
-    `expected_seconds` exceed the time left; a run without a forecast (no
+    `expected_seconds` exceed the time left, forecast from the runs made on
+    `device` (default: this process's, `latency.device_name()`) where there
+    are any and from every device's otherwise; a run without a forecast (no
     finished run of its dataset) starts while any time is left, and says so.
     """
     import keras
 
     # Training loads the backend and TensorFlow's data pipeline: only when a queue runs.
     from experiments.data import DataError
+    from experiments.latency import device_name
     from experiments.training import TrainingDiverged, train
+
+    if deadline is not None and device is None:
+        device = device_name()
 
     outcome = {"finished": [], "trained": [], "failed": [], "skipped": [], "no_time": []}
     for index, job in enumerate(jobs, 1):
@@ -346,7 +357,9 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None):
             outcome["skipped"].append(str(folder))
             continue
         if deadline is not None:
-            needed = expected_seconds(job, root)
+            needed = expected_seconds(job, root, device=device)
+            if needed is None:
+                needed = expected_seconds(job, root)
             if deadline - time.monotonic() <= (needed or 0.0):
                 outcome["no_time"].append(str(folder))
                 continue

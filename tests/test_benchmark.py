@@ -565,9 +565,9 @@ def test_paired_statistics_holm_and_interaction_by_hand(tmp_path):
 # === End to end: kill, resume, aggregate by hand, report ===
 
 
-def _fake_finished_run(folder, epoch_seconds):
+def _fake_finished_run(folder, epoch_seconds, device=None):
     folder.mkdir(parents=True)
-    (folder / "metrics.json").write_text("{}")
+    (folder / "metrics.json").write_text(json.dumps({} if device is None else {"device": device}))
     (folder / "best.keras").write_text("checkpoint")
     (folder / "backup").mkdir()
     rows = "".join(f"{epoch},{seconds}\n" for epoch, seconds in enumerate(epoch_seconds))
@@ -626,6 +626,36 @@ def test_a_forecast_counts_only_runs_with_the_jobs_xla_setting(tmp_path):
     assert benchmark.expected_seconds(with_xla(second, False), root, statistics.median) == 100.0
     assert benchmark.expected_seconds(second, root, statistics.median) == 100.0  # no setting: its row, as it is
     assert benchmark.expected_seconds(with_xla(second, None), root, max) == 100.0
+
+
+def test_a_deadline_forecasts_from_runs_on_this_device_first(tmp_path):
+    profile = get_profile("tiny")  # 1 epoch per run; softmax-absolute and favor-absolute, seeds 0 and 1
+    first, second, third, fourth = benchmark.plan(profile, tmp_path)
+    root = benchmark.profile_root(tmp_path, profile)
+    # softmax-absolute's own row ran on a slow CPU, favor-absolute's on a GPU.
+    _fake_finished_run(first.folder(root), [600.0], device="cpu: slow (2 cores)")
+    _fake_finished_run(third.folder(root), [10.0], device="gpu: fast")
+    assert benchmark.expected_seconds(second, root) == 600.0  # any device: its own row
+    assert benchmark.expected_seconds(second, root, device="cpu: slow (2 cores)") == 600.0
+    # On the GPU its own row's CPU run does not count; the dataset's GPU run does.
+    assert benchmark.expected_seconds(second, root, device="gpu: fast") == 10.0
+    assert benchmark.expected_seconds(fourth, root, device="cpu: slow (2 cores)") == 600.0
+    assert benchmark.expected_seconds(second, root, device="gpu: other") is None
+
+    def queue(device):
+        with mock.patch("experiments.training.train", return_value={"test_accuracy": 0.5}) as train:
+            outcome = benchmark.run_queue([second], root, deadline=time.monotonic() + 60, log=lambda line: None,
+                                          device=device)
+        return outcome["no_time"], train.call_count
+
+    # 60 s left: the GPU starts the run its CPU row says takes 600 s; the CPU does not.
+    assert queue("gpu: fast") == ([], 1)
+    assert queue("cpu: slow (2 cores)") == ([str(second.folder(root))], 0)
+    # A device with no finished run of the dataset falls back to every device's runs.
+    assert queue("gpu: other") == ([str(second.folder(root))], 0)
+    # Without a device the queue asks this machine's.
+    with mock.patch("experiments.latency.device_name", return_value="gpu: fast"):
+        assert queue(None) == ([], 1)
 
 
 def test_the_first_epoch_which_compiles_is_forecast_apart_from_the_later_ones(tmp_path):
