@@ -26,7 +26,7 @@ hour): a run starts only if the time left covers its expected time (the
 slowest first epoch, which compiles, then the slowest later epoch for each
 epoch after it, of the finished runs of its own row with its XLA setting,
 else of its variant's main-table row, else of its dataset; runs made on this
-machine's device first, others' only where it has made none of them), so the slot ends
+machine's device first, others' only where it has made none), so the slot ends
 with finished folders only (a run with no finished run of its dataset to judge
 from starts while any time is left, and says it may not finish); `--archive
 FILE.tar.gz` then packs the finished run folders (without checkpoints) for the
@@ -222,8 +222,8 @@ def expected_seconds(job, root, statistic=max, device=None):
     setting count (`aggregate.ran_with_xla`: XLA changes an epoch's time by up
     to 1.6x on this project's CPU). With `device` (`latency.device_name()`),
     only runs whose metrics.json names that device count: one results tree
-    holds a GPU's runs beside CPUs' runs whose epochs take tens of times longer. Epochs the run already has (a resumed
-    run) are not counted again. A session's first epoch also compiles the
+    holds a GPU's runs beside CPUs' runs whose epochs take tens of times
+    longer. Epochs the run already has (a resumed run) are not counted again. A session's first epoch also compiles the
     step (on a GPU 4-7x a later epoch), so it is forecast from the first
     epochs and the rest from the later ones: `statistic` of each is the time,
     the slowest (the default) for a deadline that must not be overrun, the
