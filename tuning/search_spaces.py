@@ -44,6 +44,7 @@ Keys are `RunConfig` field names, so a trial's hyperparameters are a
 import dataclasses
 import json
 
+from performer_keras.options import check_fraction
 from performer_keras.registry import KERNEL_TABLE
 
 
@@ -116,14 +117,23 @@ def kernel_space(kernel):
 
 # The type, the valid values and the sampling of a `low:high` range (None: no range) of every
 # hyperparameter a space may hold.
+def _is_fraction(value):
+    """The rule of `options.check_fraction`, which the layers and `RunConfig` apply, as a test."""
+    try:
+        check_fraction("value", value)
+    except ValueError:
+        return False
+    return True
+
+
 VALUE_RULES = {
-    # name              type   valid when              said as             low:high
+    # name              type   valid when          said as              low:high
     "learning_rate": (float, lambda v: v > 0, "> 0", "log"),
     "weight_decay": (float, lambda v: v >= 0, ">= 0", "log"),
     "num_features": (int, lambda v: v >= 1, ">= 1", None),
     "redraw_interval": (int, lambda v: v >= 0, ">= 0 (0 = never)", None),
-    "dropout": (float, lambda v: 0 <= v < 1, "in [0, 1)", "linear"),
-    "label_smoothing": (float, lambda v: 0 <= v < 1, "in [0, 1)", "linear"),
+    "dropout": (float, _is_fraction, "in [0, 1)", "linear"),
+    "label_smoothing": (float, _is_fraction, "in [0, 1)", "linear"),
 }
 
 
