@@ -50,6 +50,7 @@ def read(path):
     return json.loads(Path(path).read_text())
 
 
+@pytest.mark.slow  # end to end runs of the measurement scripts: 10-50 s each on a 2-core CPU
 def test_bench_json_has_every_field_positive(profiled):
     # A size other than the bench's default keeps its own file.
     record = read(profiled / "bench" / "favor-absolute-mnist-tiny.json")
@@ -66,10 +67,12 @@ def test_bench_json_has_every_field_positive(profiled):
     assert all(op["self_ms"] > 0 and 0 < op["share"] <= 1 for op in record["top_operations"])
 
 
+@pytest.mark.slow
 def test_the_bench_records_which_toeplitz_path_kerple_ran(profiled):
     assert read(profiled / "bench" / "favor-kerple-mnist-tiny.json")["toeplitz_path"] == "dense"
 
 
+@pytest.mark.slow
 def test_kerple_cost_times_both_positions_alternately_in_one_process():
     import keras
 
@@ -103,6 +106,7 @@ def test_a_profile_record_says_the_command_that_made_it(tmp_path):
     assert {"date", "device", "backend_version", "keras_version"} <= set(record)
 
 
+@pytest.mark.slow
 def test_xla_cost_times_the_runs_own_model_with_and_without_xla():
     from experiments import data
     from experiments.benchmark_profiles import get_profile
@@ -118,6 +122,7 @@ def test_xla_cost_times_the_runs_own_model_with_and_without_xla():
     assert row["xla_over_plain"] == pytest.approx(row["median"]["true"] / row["median"]["false"])
 
 
+@pytest.mark.slow
 def test_scaling_json_has_every_field_positive(profiled):
     for scope, tokens in (("layer", [257, 513]), ("model", [65, 129])):
         for series in ("softmax-absolute", "favor-absolute", "softmax-fused-absolute"):
@@ -131,6 +136,7 @@ def test_scaling_json_has_every_field_positive(profiled):
                         assert point[mode][field] > 0, (series, mode, field)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("series, growth", [("softmax-absolute", 4.0), ("favor-absolute", 2.0)])
 def test_flops_of_softmax_grow_4x_per_doubling_favor_2x(profiled, series, growth):
     small, large = (p["forward"]["flops"] for p in read(profiled / "scaling" / f"layer-{series}.json")["points"])
@@ -138,6 +144,7 @@ def test_flops_of_softmax_grow_4x_per_doubling_favor_2x(profiled, series, growth
     assert large / small == pytest.approx(growth, rel=0.08)
 
 
+@pytest.mark.slow
 def test_summary_states_crossovers_and_embeds_plots(profiled):
     summary = (profiled / "summary.md").read_text()
     assert "python -m profiles softmax-absolute favor-absolute" in summary
@@ -185,6 +192,7 @@ def test_a_point_in_a_child_process():
     assert "train" not in point
 
 
+@pytest.mark.slow
 def test_the_same_command_runs_on_jax(tmp_path):
     """The backend is fixed at import, so JAX runs in its own process."""
     result = subprocess.run(
@@ -553,6 +561,7 @@ def test_engine_baseline_alternates_processes_and_takes_medians(monkeypatch):
 # === bfloat16 against float32 ===
 
 
+@pytest.mark.slow
 def test_precision_check_trains_each_variant_in_both_precisions(tmp_path):
     from profiles import precision
 

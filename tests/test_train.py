@@ -128,6 +128,7 @@ def test_each_linear_kernel_family_trains_and_evaluates(tmp_path, variant):
     assert 0.0 <= trained["test_accuracy"] <= 1.0 and trained["flops_per_image"] > 0
 
 
+@pytest.mark.slow  # a SavedModel export and reload, half a minute; test_positions.py reloads one in a fresh process in the quick loop
 def test_export_serves_uint8_with_the_same_predictions(tmp_path):
     import keras
     import tensorflow as tf

@@ -61,6 +61,7 @@ def scores(out):
 # === The search ===
 
 
+@pytest.mark.slow  # the shared search fixture: about a minute on a 2-core CPU
 def test_search_writes_every_trial(search):
     for trial_id in TRIAL_IDS:
         trial = trial_json(search, trial_id)
@@ -71,6 +72,7 @@ def test_search_writes_every_trial(search):
     assert not (search / "keras_tuner" / "trial_3").exists()
 
 
+@pytest.mark.slow
 def test_summary_lists_trials_sorted_by_validation_accuracy(search):
     rows = [line for line in (search / "summary.md").read_text().splitlines() if line.startswith("| ") and "COMPLETED" in line]
     assert len(rows) == 3
@@ -81,6 +83,7 @@ def test_summary_lists_trials_sorted_by_validation_accuracy(search):
     assert rows[0].split("|")[2].strip() == best["trial_id"]
 
 
+@pytest.mark.slow
 def test_every_trial_logs_hparams_and_scalars_for_tensorboard(search):
     import tensorflow as tf
 
@@ -94,6 +97,7 @@ def test_every_trial_logs_hparams_and_scalars_for_tensorboard(search):
         assert list((log_dir / "validation").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 def test_best_hparams_reproduce_the_trial_in_train_py(search, tmp_path):
     import train
 
@@ -134,6 +138,7 @@ def test_killed_search_resumes_without_rerunning_finished_trials(search, tmp_pat
     assert json.loads((out / "best_hparams.json").read_text()) == json.loads((search / "best_hparams.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_best_trial_is_confirmed_on_two_more_seeds_before_best_hparams(search):
     best = json.loads((search / "best_hparams.json").read_text())
     seed = best["hyperparameters"]["seed"]
@@ -152,6 +157,7 @@ def test_the_best_trial_is_confirmed_on_two_more_seeds_before_best_hparams(searc
     assert "Confirmation of the best trial" in (search / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_finished_search_run_again_runs_nothing(search):
     before = (search / "trials.log").read_text()
     assert tune([*SEARCH, "--out", str(search)]) == 0
@@ -233,6 +239,7 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, message, capsys, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", [["--max-trials", "4"], ["--seed", "7"], ["--space", "num_features=32,64"]])
 def test_a_different_search_in_the_same_folder_is_refused(search, change, capsys):
     before = snapshot(search)
@@ -351,6 +358,7 @@ def test_spaces_narrow_and_widen_from_the_command_line_and_a_file(tmp_path):
             search_spaces.parse_overrides(bad)
 
 
+@pytest.mark.slow
 def test_search_json_describes_the_search(search):
     described = json.loads((search / SEARCH_FILE).read_text())
     assert described["algorithm"] == "random" and described["max_trials"] == 3
@@ -363,6 +371,7 @@ def test_search_json_describes_the_search(search):
 # === Sweep ===
 
 
+@pytest.mark.slow
 def test_sweep_compares_best_settings_with_their_seed_spread(search, capsys):
     from tuning.sweep import main as sweep
 
