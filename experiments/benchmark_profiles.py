@@ -161,7 +161,7 @@ def reference():
         last 15 MNIST runs of the main table and exp-absolute's 3 (2026-11-27,
         the same way) 35-141 s each; the last 10 MNIST q/k runs and
         exp-string's seeds 1-2 (2026-11-27, four at once under MPS, one
-        alone) 63-127 s each. A CIFAR-10 run: 336-345 s of
+        alone) 63-127 s each (their history.csv epochs). A CIFAR-10 run: 336-345 s of
         training epochs, three at once under MPS (seed 0 of softmax-,
         favor- and relu-absolute, 2026-11-27, their history.csv), about 3 times
         an MNIST run. On the 2-core CPU a kerple row's training step at this

@@ -115,8 +115,7 @@ def kernel_space(kernel):
     """The default space of `kernel`: the optimizer, plus the kernel options its table entry searches."""
     return {**OPTIMIZER, **{name: KERNEL_OPTIONS[name] for name in KERNEL_TABLE[kernel].searched}}
 
-# The type, the valid values and the sampling of a `low:high` range (None: no range) of every
-# hyperparameter a space may hold.
+
 def _is_fraction(value):
     """The rule of `options.check_fraction`, which the layers and `RunConfig` apply, as a test."""
     try:
@@ -126,6 +125,8 @@ def _is_fraction(value):
     return True
 
 
+# The type, the valid values and the sampling of a `low:high` range (None: no range) of every
+# hyperparameter a space may hold.
 VALUE_RULES = {
     # name              type   valid when          said as              low:high
     "learning_rate": (float, lambda v: v > 0, "> 0", "log"),
