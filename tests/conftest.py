@@ -1,14 +1,30 @@
-"""Shared pytest set-up for every test module: a fixed global seed and a frozen heap per module."""
+"""Shared pytest set-up for every test module: the number of workers, a fixed global seed and a frozen heap per module."""
 
 import gc
+import os
 
-import keras
 import pytest
+
+
+# Each worker holds TensorFlow and its tests' models, and some tests start train.py, the
+# benchmark or the tuner beside it: with two workers one worker reached 4.9 GiB and the
+# suite's processes 10.7 GiB at once (2-core Xeon, 2026-11-27), so a many-core machine with
+# ordinary memory would not hold a worker per core.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pytest.ini): a worker per core this process may use, at most MAX_WORKERS."""
+    return min(len(os.sched_getaffinity(0)), MAX_WORKERS)
 
 
 @pytest.fixture(autouse=True)
 def fixed_global_seed():
     """Layers built with seed=None and Keras initializers draw the same numbers every run."""
+    # Imported here: the xdist controller loads this file too and runs no test, and Keras
+    # would start TensorFlow there for nothing (its start-up lines printed after the summary).
+    import keras
+
     keras.utils.set_random_seed(1234)
     yield
 
