@@ -15,7 +15,9 @@ MAX_WORKERS = 4
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pytest.ini): a worker per core this process may use, at most MAX_WORKERS."""
-    return min(len(os.sched_getaffinity(0)), MAX_WORKERS)
+    # sched_getaffinity (the cores a container or taskset allows) is Linux's; elsewhere all of them.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, MAX_WORKERS)
 
 
 @pytest.fixture(autouse=True)
