@@ -35,10 +35,10 @@ def fixed_global_seed():
 def frozen_heap():
     """Each module's tests collect garbage among their own objects only.
 
-    The suite builds hundreds of models in one process, and a full collection walks every live
+    Each worker process builds hundreds of models, and a full collection walks every live
     object: in-process profiles call `gc.collect()` before each memory reading. Freezing what
     earlier modules left (collected once here) took the profiles fixture from 188 s to 42 s and
-    the whole suite from 29:56 to 26:46 (idle 2-core CPU, 2026-11-26).
+    the whole suite, then run in one process, from 29:56 to 26:46 (idle 2-core CPU, 2026-11-26).
     """
     gc.collect()
     gc.freeze()
