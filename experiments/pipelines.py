@@ -156,16 +156,19 @@ def _jax_train(images, labels, orders, start_epoch, seed, kind):
 
     images, labels = jax.device_put(images), jax.device_put(labels)
 
-    # The split is an argument, not a closure, so XLA does not fold it into the program as a constant.
+    # The split is an argument, not a closure, so XLA does not fold it into the program as a
+    # constant. The step's row of the epoch's order is taken inside the call: indexing a device
+    # array from Python would be one more dispatch, host time spent on every step.
     @jax.jit
-    def load(images, labels, index, epoch):
+    def load(images, labels, epoch_orders, step, epoch):
+        index = epoch_orders[step]
         return augment.augment(keras.ops.take(images, index, axis=0), index, epoch, seed, kind), labels[index]
 
     def generate():
         for offset, epoch_orders in enumerate(orders):
             epoch_orders = jax.device_put(epoch_orders)
             for step in range(len(epoch_orders)):
-                yield load(images, labels, epoch_orders[step], start_epoch + offset)
+                yield load(images, labels, epoch_orders, step, start_epoch + offset)
 
     return generate()
 

@@ -2,16 +2,21 @@
 
     python -m profiles.precision                       # -> profiles/results/<device>/<backend>/precision.json
     KERAS_BACKEND=jax python -m profiles.precision     # on a GPU, where bfloat16 is native
+    python -m profiles.precision relu-absolute --seeds 0 1 2 3 4   # -> precision-seeds0-1-2-3-4.json
 
 Every variant of the main table is trained twice through `training.train`
 (the code behind train.py), once in float32 and once in mixed_bfloat16, with
 the same seed, data, order and initial weights: `SETTINGS` (the `small` ViT,
-m = 16, `EXAMPLES` MNIST training images, `EPOCHS` epochs, the full test set).
-The check holds for a variant when its bfloat16 test accuracy is within
-`TOLERANCE` of its float32 one; the record keeps both, the loss curves and
-seconds per epoch. One seed: a difference within the tolerance says bfloat16
-costs no more than run-to-run noise, not that it costs nothing. The run
-folders go to a temporary folder and are removed.
+m = 16, `EXAMPLES` MNIST training images, `EPOCHS` epochs, the full test set),
+for each of `--seeds` (default: seed 0 alone). The check holds for a variant
+when its bfloat16 test accuracy, averaged over the seeds, is within
+`TOLERANCE` of its float32 one; the record keeps every run's accuracies, loss
+curves and seconds per epoch, and the paired differences' summary (mean,
+interval, p-value, smallest detectable difference; `significance.paired_test`).
+With one seed a difference within the tolerance says bfloat16 costs no more
+than run-to-run noise, not that it costs nothing, and one outside it cannot
+be told from that noise: a few seeds can. The run folders go to a temporary
+folder and are removed.
 """
 
 import datetime
@@ -25,7 +30,7 @@ start_backend()  # before the imports below load Keras: why, in the docstring of
 
 import keras
 
-from experiments import atomic, history, training
+from experiments import atomic, history, significance, training
 from experiments.run_config import RunConfig
 from performer_keras.registry import list_variants
 from profiles import bench
@@ -51,36 +56,55 @@ def short_run(variant, precision, root, settings=SETTINGS):
             "seconds_per_epoch": metrics["train_seconds_per_epoch"]}
 
 
-def compare(variants, settings=SETTINGS, tolerance=TOLERANCE, log=print):
-    """{variant: {precision: short_run, "difference": bf16 - float32 test accuracy, "holds"}}."""
+def compare(variants, settings=SETTINGS, tolerance=TOLERANCE, seeds=(0,), log=print):
+    """{variant: {"runs": {seed: {precision: short_run}}, "differences", "difference", "paired", "holds"}}.
+
+    "differences" are bf16 - float32 test accuracies, one per seed;
+    "difference" is their mean, "paired" their `significance.paired_test`.
+    """
     rows = {}
     with tempfile.TemporaryDirectory() as root:
         for variant in variants:
-            row = {precision: short_run(variant, precision, root, settings) for precision in PRECISIONS}
-            difference = row["mixed_bfloat16"]["test_accuracy"] - row["float32"]["test_accuracy"]
-            rows[variant] = dict(row, difference=difference, holds=difference >= -tolerance)
-            log(f"{variant}: float32 {row['float32']['test_accuracy']:.4f}, "
-                f"mixed_bfloat16 {row['mixed_bfloat16']['test_accuracy']:.4f} ({'holds' if rows[variant]['holds'] else 'FAILS'})")
+            runs, differences = {}, []
+            for seed in seeds:
+                seed_settings = dict(settings, seed=seed)
+                runs[str(seed)] = {precision: short_run(variant, precision, Path(root) / str(seed), seed_settings)
+                                   for precision in PRECISIONS}
+                differences.append(runs[str(seed)]["mixed_bfloat16"]["test_accuracy"] - runs[str(seed)]["float32"]["test_accuracy"])
+                log(f"{variant} seed {seed}: float32 {runs[str(seed)]['float32']['test_accuracy']:.4f}, "
+                    f"mixed_bfloat16 {runs[str(seed)]['mixed_bfloat16']['test_accuracy']:.4f}")
+            mean = sum(differences) / len(differences)
+            rows[variant] = dict(runs=runs, differences=differences, difference=mean,
+                                 paired=significance.paired_test(differences), holds=mean >= -tolerance)
+            log(f"{variant}: bfloat16 - float32 {100 * mean:+.2f} points over {len(seeds)} seed(s) "
+                f"({'holds' if rows[variant]['holds'] else 'FAILS'})")
     return rows
 
 
+def record_name(seeds):
+    """precision.json for the default seed 0, else the seeds in the name: precision-seeds0-1-2.json."""
+    return "precision.json" if list(seeds) == [0] else f"precision-seeds{'-'.join(map(str, seeds))}.json"
+
+
 def main(argv=None):
-    cli = parser("python -m profiles.precision", __doc__, "out")
+    cli = parser("python -m profiles.precision", __doc__, "out", "seeds")
     cli.add_argument("variants", nargs="*", metavar="VARIANT", help="default: the twelve of list_variants()")
     args = cli.parse_args(argv)
+    seeds = sorted(set(args.seeds or [0]))
     result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
     variants = args.variants or list_variants()
-    rows = compare(variants)
+    rows = compare(variants, seeds=seeds)
     record = {
         "command": bench.command_line("profiles.precision", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         **bench.record_header(),
-        "settings": SETTINGS, "tolerance": TOLERANCE,
+        "settings": dict(SETTINGS, seed=seeds), "tolerance": TOLERANCE,
         "holds_for_all": all(row["holds"] for row in rows.values()),
         "variants": rows,
     }
-    atomic.write_json(result_dir / "precision.json", record, indent=1, sort_keys=False)
-    print(f"written: {result_dir / 'precision.json'} (holds for all: {record['holds_for_all']})")
+    path = result_dir / record_name(seeds)
+    atomic.write_json(path, record, indent=1, sort_keys=False)
+    print(f"written: {path} (holds for all: {record['holds_for_all']})")
     return 0 if record["holds_for_all"] else 1
 
 

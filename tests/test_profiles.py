@@ -562,23 +562,37 @@ def test_engine_baseline_alternates_processes_and_takes_medians(monkeypatch):
 
 
 @pytest.mark.slow
-def test_precision_check_trains_each_variant_in_both_precisions(tmp_path):
+def test_precision_check_trains_each_variant_in_both_precisions_and_seeds(tmp_path):
     from profiles import precision
 
     settings = dict(precision.SETTINGS, size="tiny", limit=300, epochs=1, batch_size=32)
     # One variant, the one with the most float32 islands (FAVOR+ normaliser, FFT); each layer's own test
     # already runs every mixed precision policy.
-    rows = precision.compare(["favor-kerple"], settings=settings, log=lambda line: None)
+    rows = precision.compare(["favor-kerple"], settings=settings, seeds=(0, 3), log=lambda line: None)
     assert list(rows) == ["favor-kerple"]
-    for row in rows.values():
-        for name in precision.PRECISIONS:
-            assert 0.0 <= row[name]["test_accuracy"] <= 1.0 and len(row[name]["loss"]) == 1
-        assert row["difference"] == pytest.approx(row["mixed_bfloat16"]["test_accuracy"] - row["float32"]["test_accuracy"])
-        assert row["holds"] == (row["difference"] >= -precision.TOLERANCE)
-    # The two runs differ in precision only: bfloat16 rounding moves the loss, a little.
     favor = rows["favor-kerple"]
-    assert favor["float32"]["loss"] != favor["mixed_bfloat16"]["loss"]
-    assert favor["mixed_bfloat16"]["loss"][0] == pytest.approx(favor["float32"]["loss"][0], rel=0.05)
+    assert list(favor["runs"]) == ["0", "3"]
+    for runs in favor["runs"].values():
+        for name in precision.PRECISIONS:
+            assert 0.0 <= runs[name]["test_accuracy"] <= 1.0 and len(runs[name]["loss"]) == 1
+        # The two runs of a seed differ in precision only: bfloat16 rounding moves the loss, a little.
+        assert runs["float32"]["loss"] != runs["mixed_bfloat16"]["loss"]
+        assert runs["mixed_bfloat16"]["loss"][0] == pytest.approx(runs["float32"]["loss"][0], rel=0.05)
+    assert favor["differences"] == [pytest.approx(runs["mixed_bfloat16"]["test_accuracy"] - runs["float32"]["test_accuracy"])
+                                    for runs in favor["runs"].values()]
+    assert favor["difference"] == pytest.approx(sum(favor["differences"]) / 2)
+    assert favor["paired"]["n"] == 2 and favor["paired"]["mean"] == pytest.approx(favor["difference"])
+    assert favor["holds"] == (favor["difference"] >= -precision.TOLERANCE)
+    # Each seed starts from its own weights.
+    assert favor["runs"]["0"]["float32"]["loss"] != favor["runs"]["3"]["float32"]["loss"]
+
+
+def test_precision_record_names_its_seeds_unless_the_default():
+    from profiles import precision
+
+    assert precision.record_name([0]) == "precision.json"
+    assert precision.record_name([0, 1, 2]) == "precision-seeds0-1-2.json"
+    assert precision.record_name([4]) == "precision-seeds4.json"
 
 
 def test_run_manifest_keeps_one_entry_per_command(tmp_path):
