@@ -355,9 +355,13 @@ def dtype_policy(precision):
         keras.config.set_dtype_policy(previous)
 
 
-# Training steps per dispatch from the host, at most: the Keras loop costs the host 5-7 ms
-# a step, as long as a small ViT's step on a GPU. Every callback acts per epoch, so nothing
-# is lost, and the updates are the very same (tested: identical weights to a step at a time).
+# Training steps per pass of the Keras loop, at most: the loop costs the host 5-7 ms a step,
+# as long as a small ViT's step on a GPU. Every callback acts per epoch, so nothing is lost,
+# and the updates are the very same (tested: identical weights to a step at a time). On
+# TensorFlow the steps run in one call of the compiled function; Keras 3.15 on JAX still calls
+# the compiled step once per step. A `lax.scan` over the steps, one call for all, trained
+# slower on a 2-core CPU (XLA's loop body against 16 separate calls) and differed in float
+# rounding, so it is not used; it is untried on a GPU.
 STEPS_PER_EXECUTION = 16
 
 
