@@ -20,6 +20,7 @@ folder and are removed.
 """
 
 import datetime
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -49,7 +50,12 @@ def short_run(variant, precision, root, settings=SETTINGS):
     """Test accuracy, loss curve and seconds per epoch of one short training run."""
     config = RunConfig(variant=variant, precision=precision, **settings)
     out_dir = Path(root) / f"{variant}-{precision}"
-    metrics = training.train(config, out_dir, verbose=0)
+    try:
+        metrics = training.train(config, out_dir, verbose=0)
+    finally:
+        # Free the run's compiled functions: without it a process of 5 seeds x 12 variants ran
+        # out of memory for XLA's compiler after about 100 runs (LLVM "Cannot allocate memory").
+        keras.backend.clear_session(free_memory=True)
     rows = history.read_history(out_dir / "history.csv")
     return {"test_accuracy": metrics["test_accuracy"], "loss": [float(row["loss"]) for row in rows],
             "val_accuracy": [float(row["val_accuracy"]) for row in rows],
@@ -81,6 +87,17 @@ def compare(variants, settings=SETTINGS, tolerance=TOLERANCE, seeds=(0,), log=pr
     return rows
 
 
+def earlier_rows(path, settings):
+    """The variants' rows of an earlier record at `path` made with these `settings` and `TOLERANCE`, else {}."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    if record.get("settings") != json.loads(json.dumps(settings)) or record.get("tolerance") != TOLERANCE:
+        return {}
+    return dict(record.get("variants", {}))
+
+
 def record_name(seeds):
     """precision.json for the default seed 0, else the seeds in the name: precision-seeds0-1-2.json."""
     return "precision.json" if list(seeds) == [0] else f"precision-seeds{'-'.join(map(str, seeds))}.json"
@@ -93,17 +110,26 @@ def main(argv=None):
     seeds = sorted(set(args.seeds or [0]))
     result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
     variants = args.variants or list_variants()
-    rows = compare(variants, seeds=seeds)
-    record = {
-        "command": bench.command_line("profiles.precision", argv),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        **bench.record_header(),
-        "settings": dict(SETTINGS, seed=seeds), "tolerance": TOLERANCE,
-        "holds_for_all": all(row["holds"] for row in rows.values()),
-        "variants": rows,
-    }
+    settings = dict(SETTINGS, seed=seeds)
     path = result_dir / record_name(seeds)
-    atomic.write_json(path, record, indent=1, sort_keys=False)
+    rows = earlier_rows(path, settings)
+    if rows:
+        print(f"resumed: {', '.join(rows)} from {path}")
+    # Written after every variant (complete: false until the last), so a run cut short keeps
+    # what it measured and the same command goes on from there.
+    for variant in variants:
+        if variant not in rows:
+            rows.update(compare([variant], seeds=seeds))
+        done = {name: rows[name] for name in variants if name in rows}
+        record = {
+            "command": bench.command_line("profiles.precision", argv),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            **bench.record_header(),
+            "settings": settings, "tolerance": TOLERANCE, "complete": len(done) == len(variants),
+            "holds_for_all": all(row["holds"] for row in done.values()),
+            "variants": done,
+        }
+        atomic.write_json(path, record, indent=1, sort_keys=False)
     print(f"written: {path} (holds for all: {record['holds_for_all']})")
     return 0 if record["holds_for_all"] else 1
 
