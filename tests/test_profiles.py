@@ -595,6 +595,35 @@ def test_precision_record_names_its_seeds_unless_the_default():
     assert precision.record_name([4]) == "precision-seeds4.json"
 
 
+def test_precision_record_is_written_after_each_variant_and_resumed(tmp_path, monkeypatch):
+    from profiles import precision
+
+    calls = []
+
+    def compare(variants, seeds, **kwargs):
+        calls.append(list(variants))
+        if variants == ["relu-rope"] and len(calls) == 2:
+            raise RuntimeError("killed")  # the process dies during the second variant
+        return {name: {"difference": -0.001, "holds": True} for name in variants}
+
+    monkeypatch.setattr(precision, "compare", compare)
+    argv = ["relu-absolute", "relu-rope", "--out", str(tmp_path), "--seeds", "1", "0"]
+    with pytest.raises(RuntimeError):
+        precision.main(argv)
+    [path] = tmp_path.rglob("precision-seeds0-1.json")
+    record = read(path)
+    assert record["complete"] is False and list(record["variants"]) == ["relu-absolute"]
+    assert record["settings"]["seed"] == [0, 1]
+    # The same command goes on from the finished variant.
+    assert precision.main(argv) == 0
+    assert calls == [["relu-absolute"], ["relu-rope"], ["relu-rope"]]
+    record = read(path)
+    assert record["complete"] is True and list(record["variants"]) == ["relu-absolute", "relu-rope"]
+    # Other settings start afresh.
+    assert precision.earlier_rows(path, dict(precision.SETTINGS, seed=[0, 1, 2])) == {}
+    assert precision.earlier_rows(tmp_path / "absent.json", dict(precision.SETTINGS, seed=[0, 1])) == {}
+
+
 def test_run_manifest_keeps_one_entry_per_command(tmp_path):
     entry = lambda command, started: dict(command=command, started=started, settings={})
     report.append_run(tmp_path, entry("python -m profiles a", "1"))
