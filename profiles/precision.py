@@ -20,7 +20,6 @@ folder and are removed.
 """
 
 import datetime
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -74,15 +73,15 @@ def compare(variants, settings=SETTINGS, tolerance=TOLERANCE, seeds=(0,), log=pr
             runs, differences = {}, []
             for seed in seeds:
                 seed_settings = dict(settings, seed=seed)
-                runs[str(seed)] = {precision: short_run(variant, precision, Path(root) / str(seed), seed_settings)
-                                   for precision in PRECISIONS}
-                differences.append(runs[str(seed)]["mixed_bfloat16"]["test_accuracy"] - runs[str(seed)]["float32"]["test_accuracy"])
-                log(f"{variant} seed {seed}: float32 {runs[str(seed)]['float32']['test_accuracy']:.4f}, "
-                    f"mixed_bfloat16 {runs[str(seed)]['mixed_bfloat16']['test_accuracy']:.4f}")
-            mean = sum(differences) / len(differences)
-            rows[variant] = dict(runs=runs, differences=differences, difference=mean,
-                                 paired=significance.paired_test(differences), holds=mean >= -tolerance)
-            log(f"{variant}: bfloat16 - float32 {100 * mean:+.2f} points over {len(seeds)} seed(s) "
+                pair = runs[str(seed)] = {precision: short_run(variant, precision, Path(root) / str(seed), seed_settings)
+                                          for precision in PRECISIONS}
+                differences.append(pair["mixed_bfloat16"]["test_accuracy"] - pair["float32"]["test_accuracy"])
+                log(f"{variant} seed {seed}: float32 {pair['float32']['test_accuracy']:.4f}, "
+                    f"mixed_bfloat16 {pair['mixed_bfloat16']['test_accuracy']:.4f}")
+            paired = significance.paired_test(differences)
+            rows[variant] = dict(runs=runs, differences=differences, difference=paired["mean"], paired=paired,
+                                 holds=paired["mean"] >= -tolerance)
+            log(f"{variant}: bfloat16 - float32 {100 * paired['mean']:+.2f} points over {len(seeds)} seed(s) "
                 f"({'holds' if rows[variant]['holds'] else 'FAILS'})")
     return rows
 
@@ -90,10 +89,10 @@ def compare(variants, settings=SETTINGS, tolerance=TOLERANCE, seeds=(0,), log=pr
 def earlier_rows(path, settings):
     """The variants' rows of an earlier record at `path` made with these `settings` and `TOLERANCE`, else {}."""
     try:
-        record = json.loads(Path(path).read_text())
+        record = training.read_json(path)
     except (OSError, ValueError):
         return {}
-    if record.get("settings") != json.loads(json.dumps(settings)) or record.get("tolerance") != TOLERANCE:
+    if record.get("settings") != settings or record.get("tolerance") != TOLERANCE:
         return {}
     return dict(record.get("variants", {}))
 
