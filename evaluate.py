@@ -10,12 +10,13 @@ run's own (its config.json) unless --dataset or --limit says otherwise, and
 evaluating a finished run on other test data needs --out, so its results stay.
 Predictions go in batches of 256 (--batch-size). Bad input (a missing path, an
 unknown dataset, something that is not a model) prints one line to stderr and
-exits with status 2, like an argparse usage error.
+exits with status 2, like an argparse usage error; running out of memory, one
+line and status 4; Ctrl-C, one line and 130.
 """
 
 import sys
 
-from experiments.cli import fail, parser, start_backend
+from experiments.cli import fail, interruptible, parser
 
 PROG = "evaluate.py"
 
@@ -24,8 +25,11 @@ def main(argv=None):
     cli = parser(PROG, __doc__, "dataset", "limit", "batch-size", "out")
     cli.add_argument("path", metavar="RUN_OR_MODEL", help="run folder, .keras file or SavedModel folder")
     args = cli.parse_args(argv)
+    return interruptible(PROG, lambda: run(args))
+
+
+def run(args):
     # Evaluation loads Keras and the backend, so it is imported once the command line is known to be good.
-    start_backend()
     from experiments.data import DataError
     from experiments.evaluation import evaluate
     from experiments.metrics import format_table

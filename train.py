@@ -7,7 +7,8 @@ Examples:
 
 Defaults are those of `experiments.run_config.RunConfig` (softmax-absolute,
 size small, 10 epochs, batch 128); the run folder is --out, by default
-runs/<variant>_<dataset>_seed<seed>/. Bad input exits with code 2 and one line on stderr; a diverged run with code 3.
+runs/<variant>_<dataset>_seed<seed>/. Bad input exits with code 2 and one line on stderr; a diverged run with code 3;
+running out of memory with code 4 and one line.
 """
 
 import os

@@ -55,7 +55,7 @@ from pathlib import Path
 
 from experiments.aggregate import BASELINE, queue_part, ran_with_xla, read_sessions, write_aggregate as aggregate_cells
 from experiments.benchmark_profiles import get_profile
-from experiments.cli import SELECTION_OPTIONS, fail, interruptible, parser
+from experiments.cli import SELECTION_OPTIONS, fail, interruptible, out_of_memory, parser
 from experiments.history import read_history
 from experiments.run_config import RunError
 from performer_keras.options import check_choice
@@ -377,6 +377,14 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None, de
             metrics = train(job.config, folder, verbose=verbose)
         except (RunError, DataError, TrainingDiverged) as error:
             log(f"{tag}: failed: {error}")
+            outcome["failed"].append(str(folder))
+            continue
+        except Exception as error:
+            # A run too large for the device fails alone: the queue's other runs may fit.
+            what = out_of_memory(error)
+            if what is None:
+                raise
+            log(f"{tag}: failed: out of memory ({what})")
             outcome["failed"].append(str(folder))
             continue
         finally:

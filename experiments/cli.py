@@ -38,7 +38,11 @@ ABSL_INFO_OR_WARNING = re.compile(r"^[IW]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\
 BACKENDS = ("tensorflow", "jax")
 
 USAGE_ERROR = 2
+OUT_OF_MEMORY = 4
 INTERRUPTED = 130
+# The part of a TensorFlow out-of-memory error worth a line: "OOM when allocating tensor with
+# shape[...] and type float", without the op's device path and the graph's stack that follow.
+TF_OOM = re.compile(r"OOM when allocating tensor with shape\[[^\]]*\] and type \w+")
 
 
 def positive_int(text):
@@ -322,8 +326,26 @@ def is_start_up_log(line):
     return line.strip() == ABSL_PREAMBLE or bool(ABSL_INFO_OR_WARNING.match(line))
 
 
+def out_of_memory(error):
+    """What ran out, in a few words, when `error` is the backend (or numpy) out of memory; else None.
+
+    TensorFlow raises ResourceExhaustedError, JAX a JaxRuntimeError (before
+    JAX 0.4.36, XlaRuntimeError) whose status is RESOURCE_EXHAUSTED; both are
+    told by name and text, so that neither backend is imported to catch them.
+    """
+    if isinstance(error, MemoryError):
+        return f"numpy: {error}" if str(error) else "numpy"
+    text = str(error)
+    if type(error).__name__ == "ResourceExhaustedError":
+        found = TF_OOM.search(text)
+        return found.group(0) if found else text.strip().splitlines()[0][:200]
+    if type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and text.startswith("RESOURCE_EXHAUSTED"):
+        return text.splitlines()[0][:200]
+    return None
+
+
 def interruptible(prog, function):
-    """`function()`'s exit status; Ctrl-C gives one line and 130 instead of a traceback.
+    """`function()`'s exit status; Ctrl-C gives one line and 130, running out of memory one line and 4, not a traceback.
 
     Whatever was finished is already on disk (every write is atomic), so the
     same command resumes. The backend starts here (`start_backend`), once
@@ -335,3 +357,9 @@ def interruptible(prog, function):
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)
         return INTERRUPTED
+    except Exception as error:
+        what = out_of_memory(error)
+        if what is None:
+            raise
+        return fail(prog, f"out of memory ({what}); what was finished is kept: lower --batch-size, "
+                          f"--num-features or the model's size (in another --out for a run folder)", OUT_OF_MEMORY)

@@ -170,3 +170,45 @@ def test_tensorflows_start_up_log_is_told_from_what_stays():
         "/x/keras/src/export.py:3: UserWarning: a Python warning\n",
     ]
     assert all(is_start_up_log(line) for line in dropped) and not any(is_start_up_log(line) for line in kept)
+
+
+def test_out_of_memory_is_told_from_other_errors_in_a_few_words():
+    import jax.errors
+    import tensorflow as tf
+
+    from experiments.cli import out_of_memory
+
+    with pytest.raises(tf.errors.ResourceExhaustedError) as caught:  # 3.2 TB of float32, more than any machine holds
+        tf.random.normal((10**11, 8))
+    what = out_of_memory(caught.value)
+    assert what.startswith("OOM when allocating tensor with shape[100000000000,8]") and len(what) <= 200, what
+    # JAX's error, with the text its CPU client gave for the same array; raising a real one here would
+    # abort the process when the failed buffer is freed (jaxlib 0.10.2: "Check failed: buffer_.IsConcrete()").
+    jax_error = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 3200000000000 bytes.")
+    assert out_of_memory(jax_error) == "RESOURCE_EXHAUSTED: Out of memory allocating 3200000000000 bytes."
+    assert out_of_memory(MemoryError("Unable to allocate 3 TiB")) == "numpy: Unable to allocate 3 TiB"
+    assert out_of_memory(ValueError("RESOURCE_EXHAUSTED: said by a value error")) is None
+    assert out_of_memory(jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes differ")) is None
+
+
+def test_a_model_too_large_for_memory_exits_4_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    # On TensorFlow, as this module runs in CI; JAX's CPU client aborts on such an allocation (see above).
+    files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    before = checksums(tmp_path)
+    # 10^11 random features: the projection alone would take 3.2 TB.
+    code = train.main([*TINY, "--variant", "favor-absolute", "--num-features", str(10**11), "--out", str(tmp_path / "run")])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 4 and len(lines) == 1, lines
+    assert lines[0].startswith("train.py: error: out of memory (") and "--num-features" in lines[0], lines[0]
+    assert checksums(tmp_path) == before
+
+
+def test_any_other_error_still_reaches_the_user_as_a_traceback():
+    from experiments.cli import interruptible
+
+    def broken():
+        raise RuntimeError("a bug, not a resource")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        interruptible("tool", broken)

@@ -608,6 +608,28 @@ def test_max_minutes_starts_only_runs_the_time_left_can_finish_and_archive_packs
                            for job in (first, third) for name in ("history.csv", "metrics.json"))
 
 
+def test_a_run_out_of_memory_fails_alone_and_the_queue_goes_on(tmp_path):
+    jobs = benchmark.plan(get_profile("tiny"), tmp_path)[:2]
+    root = benchmark.profile_root(tmp_path, get_profile("tiny"))
+    trained = []
+
+    def train(config, folder, verbose=0):
+        if not trained:
+            trained.append(folder)
+            raise MemoryError("Unable to allocate 3 TiB")
+        trained.append(folder)
+        _fake_finished_run(Path(folder), [1.0])
+        return {"test_accuracy": 0.5}
+
+    lines = []
+    with mock.patch("experiments.training.train", side_effect=train):
+        outcome = benchmark.run_queue(jobs, root, log=lines.append)
+    assert outcome["failed"] == [str(jobs[0].folder(root))] and outcome["trained"] == [str(jobs[1].folder(root))]
+    assert any("failed: out of memory (numpy: Unable to allocate 3 TiB)" in line for line in lines), lines
+    with mock.patch("experiments.training.train", side_effect=RuntimeError("a bug")), pytest.raises(RuntimeError):
+        benchmark.run_queue(jobs, root, log=lines.append)  # any other error still stops the queue
+
+
 def test_a_forecast_counts_only_runs_with_the_jobs_xla_setting(tmp_path):
     profile = get_profile("tiny")  # 1 epoch per run; softmax-absolute and favor-absolute, seeds 0 and 1
     first, second, third, _ = benchmark.plan(profile, tmp_path)
