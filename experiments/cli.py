@@ -329,9 +329,9 @@ def is_start_up_log(line):
 def out_of_memory(error):
     """What ran out, in a few words, when `error` is the backend (or numpy) out of memory; else None.
 
-    TensorFlow raises ResourceExhaustedError, JAX a JaxRuntimeError (before
-    JAX 0.4.36, XlaRuntimeError) whose status is RESOURCE_EXHAUSTED; both are
-    told by name and text, so that neither backend is imported to catch them.
+    TensorFlow raises ResourceExhaustedError, JAX a JaxRuntimeError (in older
+    jaxlib, XlaRuntimeError) whose status is RESOURCE_EXHAUSTED; both are told
+    by name and text, so that neither backend is imported to catch them.
     """
     if isinstance(error, MemoryError):
         return f"numpy: {error}" if str(error) else "numpy"
