@@ -614,10 +614,9 @@ def test_a_run_out_of_memory_fails_alone_and_the_queue_goes_on(tmp_path):
     trained = []
 
     def train(config, folder, verbose=0):
-        if not trained:
-            trained.append(folder)
-            raise MemoryError("Unable to allocate 3 TiB")
         trained.append(folder)
+        if len(trained) == 1:
+            raise MemoryError("Unable to allocate 3 TiB")
         _fake_finished_run(Path(folder), [1.0])
         return {"test_accuracy": 0.5}
 
