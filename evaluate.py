@@ -25,7 +25,7 @@ def main(argv=None):
     cli = parser(PROG, __doc__, "dataset", "limit", "batch-size", "out")
     cli.add_argument("path", metavar="RUN_OR_MODEL", help="run folder, .keras file or SavedModel folder")
     args = cli.parse_args(argv)
-    return interruptible(PROG, lambda: run(args))
+    return interruptible(PROG, lambda: run(args), remedy="lower --batch-size")
 
 
 def run(args):

@@ -483,7 +483,9 @@ def drop_options(argv, names):
 def main(argv=None):
     args = parser("benchmark", __doc__, *SELECTION_OPTIONS, "max-runs", "max-minutes", "workers", "shard", "archive",
                   "list", "verbose").parse_args(argv)
-    return interruptible("benchmark", lambda: run(args, sys.argv[1:] if argv is None else list(argv)))
+    # A run's settings are its profile's; what the command line sets is how many share the device.
+    return interruptible("benchmark", lambda: run(args, sys.argv[1:] if argv is None else list(argv)),
+                         remedy="lower --workers")
 
 
 def run(args, argv=()):

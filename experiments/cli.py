@@ -326,6 +326,11 @@ def is_start_up_log(line):
     return line.strip() == ABSL_PREAMBLE or bool(ABSL_INFO_OR_WARNING.match(line))
 
 
+# The out-of-memory line's advice for the commands that train or measure a model (`interruptible`); a
+# run folder refuses another configuration, hence the new --out.
+TRAINING_REMEDY = "lower --batch-size, --num-features or the model's size (in another --out for a run folder)"
+
+
 def out_of_memory(error):
     """What ran out, in a few words, when `error` is the backend (or numpy) out of memory; else None.
 
@@ -344,12 +349,13 @@ def out_of_memory(error):
     return None
 
 
-def interruptible(prog, function):
+def interruptible(prog, function, remedy=TRAINING_REMEDY):
     """`function()`'s exit status; Ctrl-C gives one line and 130, running out of memory one line and 4, not a traceback.
 
     Whatever was finished is already on disk (every write is atomic), so the
     same command resumes. The backend starts here (`start_backend`), once
-    the command line is known to be good.
+    the command line is known to be good. `remedy` ends the out-of-memory
+    line: what lowers this command's memory, in its own options.
     """
     try:
         start_backend()
@@ -361,5 +367,4 @@ def interruptible(prog, function):
         what = out_of_memory(error)
         if what is None:
             raise
-        return fail(prog, f"out of memory ({what}); what was finished is kept: lower --batch-size, "
-                          f"--num-features or the model's size (in another --out for a run folder)", OUT_OF_MEMORY)
+        return fail(prog, f"out of memory ({what}); what was finished is kept: {remedy}", OUT_OF_MEMORY)

@@ -9,6 +9,7 @@ folder exactly as it was (no run folder, no config.json, no changed file).
 import hashlib
 import json
 import os
+import re
 
 import pytest
 
@@ -17,6 +18,7 @@ import train
 from experiments import benchmark, report
 from profiles import __main__ as profiles_main
 from tuning import __main__ as tuning_main
+from tuning import sweep
 
 TINY = ["--size", "tiny", "--limit", "300", "--batch-size", "32", "--epochs", "1"]
 
@@ -202,6 +204,38 @@ def test_a_model_too_large_for_memory_exits_4_in_one_line_and_writes_nothing(tmp
     assert code == 4 and len(lines) == 1, lines
     assert lines[0].startswith("train.py: error: out of memory (") and "--num-features" in lines[0], lines[0]
     assert checksums(tmp_path) == before
+
+
+MEMORY_ADVICE = {
+    "train": (train.main, []),
+    "evaluate": (evaluate.main, ["corrupt_run"]),
+    "benchmark": (benchmark.main, []),
+    "tuning": (tuning_main.main, ["favor-absolute"]),
+    "sweep": (sweep.main, ["--variants", "favor-absolute"]),
+    "profiles": (profiles_main.main, []),
+}
+
+
+@pytest.mark.parametrize("tool", MEMORY_ADVICE)
+def test_the_out_of_memory_line_names_only_options_the_tool_has(tool, tmp_path, capsys, monkeypatch):
+    from experiments import cli
+
+    main, argv = MEMORY_ADVICE[tool]
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    options = set(re.findall(r"--[a-z][a-z-]*", capsys.readouterr().out))
+
+    def no_memory():
+        raise MemoryError("Unable to allocate 3 TiB")
+
+    files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "start_backend", no_memory)
+    assert main(argv) == 4
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "out of memory (numpy: Unable to allocate 3 TiB)" in lines[0], lines
+    advice = re.findall(r"--[a-z][a-z-]*", lines[0].split("what was finished is kept:")[1])
+    assert advice and set(advice) <= options, (advice, sorted(options))
 
 
 def test_any_other_error_still_reaches_the_user_as_a_traceback():
