@@ -118,10 +118,10 @@ def weighted_average(phi_q, keys, v, position_weights=None):
     weights' row sum: a product with [v, 1] instead has the odd width d + 1,
     which XLA's CPU matmuls run far slower.
     """
-    weights = ops.matmul(phi_q, keys)
+    weights = ops.matmul(phi_q, keys)  # (batch, heads, N_q, N)
     if position_weights is not None:
         weights = weights * position_weights
-    return ops.matmul(weights, v) / ops.sum(weights, axis=-1, keepdims=True)
+    return ops.matmul(weights, v) / ops.sum(weights, axis=-1, keepdims=True)  # (batch, heads, N_q, d)
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -421,10 +421,10 @@ class KernelAttention(keras.layers.Layer):
         key_projection = ops.cast(self.key_projection, k.dtype)
         value_projection = ops.cast(self.value_projection, v.dtype)
         k = ops.matmul(key_projection, k)  # (batch, heads, linformer_dim, d)
-        v = ops.matmul(value_projection, v)
-        logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * self.head_dim**-0.5  # (batch, heads, N, k)
+        v = ops.matmul(value_projection, v)  # (batch, heads, linformer_dim, d)
+        logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * self.head_dim**-0.5  # (batch, heads, N, linformer_dim)
         weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-        return ops.matmul(ops.cast(weights, v.dtype), v)
+        return ops.matmul(ops.cast(weights, v.dtype), v)  # (batch, heads, N, d)
 
     def _linear(self, q, k, v, positions, training):
         phi_q, phi_k = self.features(q, k, training=training)  # (batch, heads, N, m) float32
@@ -507,7 +507,7 @@ class KernelAttention(keras.layers.Layer):
         u = phi_k[..., :, None] * v_ones[..., None, :]  # (batch, heads, N, m, d+1)
         s = self.toeplitz.correlate(ops.reshape(u, (-1, heads, tokens, m * width)), (spectrum_real, spectrum_imag))
         s = ops.reshape(s, (-1, heads, tokens, m, width))
-        return ops.matmul(phi_q[..., None, :], s)[..., 0, :]
+        return ops.matmul(phi_q[..., None, :], s)[..., 0, :]  # (.., N, 1, m) @ (.., N, m, d+1) -> (batch, heads, N, d+1)
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape

@@ -157,7 +157,7 @@ class ToeplitzBias2D(keras.layers.Layer):
     def call(self, values, use_fft=True):
         values = ops.cast(values, "float32")
         if not use_fft:
-            return ops.matmul(self.weight_matrix(), values)
+            return ops.matmul(self.weight_matrix(), values)  # (heads, N, N) @ (batch, heads, N, channels)
         return self.correlate(values, self.kernel_spectrum())
 
     @property
