@@ -208,7 +208,7 @@ def test_a_model_too_large_for_memory_exits_4_in_one_line_and_writes_nothing(tmp
 
 MEMORY_ADVICE = {
     "train": (train.main, []),
-    "evaluate": (evaluate.main, ["corrupt_run"]),
+    "evaluate": (evaluate.main, ["a_run"]),
     "benchmark": (benchmark.main, []),
     "tuning": (tuning_main.main, ["favor-absolute"]),
     "sweep": (sweep.main, ["--variants", "favor-absolute"]),
@@ -228,7 +228,6 @@ def test_the_out_of_memory_line_names_only_options_the_tool_has(tool, tmp_path, 
     def no_memory():
         raise MemoryError("Unable to allocate 3 TiB")
 
-    files(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cli, "start_backend", no_memory)
     assert main(argv) == 4
