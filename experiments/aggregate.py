@@ -239,9 +239,16 @@ def add_comparisons(cells):
     "interaction": the gap to softmax at this position minus the gap at
     absolute positions, (K-P - softmax-P) - (K-absolute - softmax-absolute),
     which is the question itself: does the position close (> 0) the gap;
-    init_from rows: "gain_over_scratch" (vs the variant trained from scratch).
+    init_from rows: "gain_over_scratch" (vs the variant trained from scratch);
+    learning_rate rows: "change_from_profile_rate" (vs the variant row, the
+    profile's rate) and, for a kernel other than softmax, "gap_to_softmax_same_rate"
+    (vs softmax at the same position and rate) and "gap_closed_by_rate", the
+    gap to softmax at this rate minus the gap at the profile's. Like the
+    init_from rows these are outside the Holm family.
     """
     rows = {(c["dataset"], c["variant"]): c for c in cells if c["experiment"] == "variants"}
+    rates = {(c["dataset"], c["variant"], c["setting"]["learning_rate"]): c
+             for c in cells if c["experiment"] == "learning_rate"}
     for cell in cells:
         kernel, _, position = cell["variant"].partition("-")
         if cell["experiment"] == "variants":
@@ -259,6 +266,20 @@ def add_comparisons(cells):
         elif cell["experiment"] == "init_from":
             scratch = rows.get((cell["dataset"], cell["variant"]))
             cell["gain_over_scratch"] = _compare(cell, scratch, f"{cell['variant']} from scratch")
+        elif cell["experiment"] == "learning_rate":
+            rate = cell["setting"]["learning_rate"]
+            profile_rate = rows.get((cell["dataset"], cell["variant"]))
+            cell["change_from_profile_rate"] = _compare(cell, profile_rate, f"{cell['variant']} at the profile's rate")
+            softmax = rates.get((cell["dataset"], f"softmax-{position}", rate))
+            if kernel != "softmax":
+                cell["gap_to_softmax_same_rate"] = _compare(cell, softmax, f"softmax-{position} at {rate:g}")
+                others = [softmax, profile_rate, rows.get((cell["dataset"], f"softmax-{position}"))]
+                if all(others):
+                    cell["gap_closed_by_rate"] = {
+                        "baseline": f"(softmax-{position} at {rate:g}) - ({cell['variant']} - softmax-{position}, "
+                                    "the profile's rate)",
+                        **(paired_difference(*(accuracies(c) for c in [cell] + others)) or {}),
+                    }
     return cells
 
 

@@ -13,6 +13,8 @@ own folder under results/<profile>/:
     ablations/init_from/<dataset>/<variant>/seed<k>/          started from runs/<dataset>/softmax-absolute/seed<k>/best.keras
     ablations/normalize_qk/<dataset>/<variant>-qknorm-<on|off>/seed<k>/
                                                               q/k normalisation switched from the variant's default
+    ablations/learning_rate/<dataset>/<variant>-lr<rate>/seed<k>/
+                                                              peak learning rate <rate> instead of the profile's
 
 A run with metrics.json is finished and skipped; an unfinished one resumes from
 its last finished epoch; a folder holding a run of other settings is refused
@@ -36,7 +38,7 @@ is that row's folder, not a second copy.
 
 The queue runs the main table first, dataset by dataset, all seeds of a row
 before the next row, so that whole cells of the main table finish first; then
-the extra rows (exp, linformer), then the init-from, num_features and normalize_qk experiments. At the end aggregate.json is
+the extra rows (exp, linformer), then the init-from, num_features, normalize_qk and learning_rate experiments. At the end aggregate.json is
 written (`aggregate.py`); the report is `python -m experiments.report`.
 
 Exit status: 0 when every queued run is finished or was left for lack of time
@@ -60,7 +62,9 @@ from experiments.history import read_history
 from experiments.run_config import RunError
 from performer_keras.options import check_choice
 
-EXPERIMENTS = ("variants", "init_from", "num_features", "normalize_qk")
+EXPERIMENTS = ("variants", "init_from", "num_features", "normalize_qk", "learning_rate")
+# The RunConfig field each ablation changes, recorded as its rows' "setting".
+ABLATION_FIELDS = ("num_features", "normalize_qk", "learning_rate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +170,14 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
                 for seed in ablation_seeds:
                     config = profile.config(variant, dataset, seed, epochs, normalize_qk=switched)
                     add(Job("normalize_qk", dataset, variant, label, seed, f"ablations/normalize_qk/{dataset}/{label}", config))
+    if "learning_rate" in experiments:
+        for dataset in (d for d in datasets if d in profile.learning_rate.get("datasets", ())):
+            for variant in filter(wanted, profile.learning_rate["variants"]):
+                for rate in profile.learning_rate["values"]:
+                    label = f"{variant}-lr{rate:g}"
+                    for seed in ablation_seeds:
+                        config = profile.config(variant, dataset, seed, epochs, learning_rate=rate)
+                        add(Job("learning_rate", dataset, variant, label, seed, f"ablations/learning_rate/{dataset}/{label}", config))
     if "variants" in experiments and seeds is None:
         for dataset in (d for d in datasets if d in profile.more_seeds):
             for variant in filter(wanted, profile.variants):
@@ -194,9 +206,8 @@ def cells(jobs):
         row = rows.setdefault(key, {
             "experiment": job.experiment, "dataset": job.dataset, "variant": job.variant, "label": job.label,
             "directory": job.cell, "seeds": [],
-            "setting": {"num_features": job.config.num_features} if job.experiment == "num_features"
-            else {"init_from": "softmax-absolute"} if job.experiment == "init_from"
-            else {"normalize_qk": job.config.normalize_qk} if job.experiment == "normalize_qk" else {},
+            "setting": {job.experiment: getattr(job.config, job.experiment)} if job.experiment in ABLATION_FIELDS
+            else {"init_from": BASELINE} if job.experiment == "init_from" else {},
         })
         row["seeds"].append(job.seed)
     return list(rows.values())

@@ -25,6 +25,10 @@ NORMALIZE_QK_VARIANTS = ("softmax-absolute", "favor-absolute", "softmax-kerple",
 # so there rope and string are normalised too: every position can then be read at the same normalisation.
 REFERENCE_NORMALIZE_QK_VARIANTS = NORMALIZE_QK_VARIANTS + ("softmax-rope", "favor-rope", "softmax-string", "favor-string")
 LINEAR_BASELINES = ("favor-absolute", "relu-absolute")
+# At the reference size favor-absolute collapses after its warm-up epoch at the recipe's peak of 1e-3 and did not
+# at half of it (results/reference-pilots/favor-collapse, one seed, two epochs): these rows say, over the whole
+# schedule and against softmax at the same rate, whether the gap is the learning rate's.
+REFERENCE_LEARNING_RATE = dict(variants=("favor-absolute", "softmax-absolute"), values=(5e-4,), datasets=("mnist",))
 INIT_FROM_VARIANTS = ("favor-absolute", "relu-absolute", "linformer-absolute")
 
 
@@ -62,6 +66,10 @@ class Profile:
             normalisation switched from the variant's default (on for
             absolute, off for kerple), so that the table separates the effect
             of the position from that of the normalisation (empty: none).
+        learning_rate: {"variants": ..., "values": ..., "datasets": ...}
+            trained at each peak learning rate in `values` instead of the
+            profile's (empty: none); a value equal to the profile's would be
+            the variant row, and is refused.
         hparams_dir: folder of the tuner's <dataset>/<variant>/best_hparams.json;
             the searched hyperparameters of a variant that has one replace
             `settings` (None: not tuned).
@@ -81,6 +89,7 @@ class Profile:
     num_features: dict = dataclasses.field(default_factory=dict)
     init_from: dict = dataclasses.field(default_factory=dict)
     normalize_qk: dict = dataclasses.field(default_factory=dict)
+    learning_rate: dict = dataclasses.field(default_factory=dict)
     hparams_dir: str | None = None
     dataset_settings: dict = dataclasses.field(default_factory=dict)
     pipeline_check: bool = False
@@ -93,6 +102,10 @@ class Profile:
         for settings in [self.settings, *self.dataset_settings.values()]:
             if settings.get("limit") is not None and settings.get("limit_test", True):
                 raise ValueError(f"profile {self.name!r} limits the test split: a limit needs limit_test=False")
+        own_rate = self.settings.get("learning_rate", RunConfig.learning_rate)
+        if own_rate in self.learning_rate.get("values", ()):
+            raise ValueError(f"profile {self.name!r} lists its own learning rate {own_rate:g} in its learning_rate "
+                             "ablation: those runs are the variant rows")
 
     def hparams_file(self, variant, dataset):
         """The tuner's best_hparams.json of (variant, dataset), or None."""
@@ -146,7 +159,11 @@ def reference():
     it and not with it (the MNIST rows, results/reference/README.md), so
     whether a relative position closes the gap is read at a fixed
     normalisation too. Normalised q and k have norm 0.25 sqrt(d)
-    (`registry.DEFAULT_QK_NORM`).
+    (`registry.DEFAULT_QK_NORM`). Last, favor- and softmax-absolute on MNIST
+    at a peak learning rate of 5e-4 (`REFERENCE_LEARNING_RATE`; added on
+    2026-11-28, after the MNIST table, when a two-epoch pilot saw
+    favor-absolute collapse at 1e-3 and not at 5e-4): whether FAVOR+'s gap
+    is the learning rate's.
 
     Command (a GPU machine, JAX backend of Keras):
         KERAS_BACKEND=jax python -m experiments.benchmark --profile reference
@@ -189,6 +206,7 @@ def reference():
         num_features=dict(variants=LINEAR_BASELINES, values=NUM_FEATURES_ABLATION, datasets=("mnist", "cifar10")),
         init_from=dict(variants=INIT_FROM_VARIANTS, datasets=("mnist", "cifar10")),
         normalize_qk=dict(variants=REFERENCE_NORMALIZE_QK_VARIANTS, datasets=("mnist", "cifar10")),
+        learning_rate=REFERENCE_LEARNING_RATE,
     )
 
 
@@ -241,6 +259,7 @@ def small():
         epochs={"mnist": 4, "cifar10": 4},
         settings=dict(size="small", num_features=16, batch_size=64, limit=2500, limit_test=False, qk_norm=1.0),
         normalize_qk={},
+        learning_rate={},
         pipeline_check=True,
     )
 
@@ -376,7 +395,8 @@ def tuned():
     """
     base = reference()
     return dataclasses.replace(
-        base, name="tuned", doc=inspect.getdoc(tuned), num_features={}, init_from={}, hparams_dir="tuning_results",
+        base, name="tuned", doc=inspect.getdoc(tuned), num_features={}, init_from={}, normalize_qk={}, learning_rate={},
+        hparams_dir="tuning_results",
     )
 
 

@@ -336,6 +336,7 @@ def ablation_lines(aggregated):
         lines += [f"Inference ms per image (batch 1{where}):", ""]
         lines += table_lines(["dataset", "variant"] + [f"m = {m}" for m in values], latency_rows) + [""]
     lines += normalization_lines(aggregated)
+    lines += learning_rate_lines(aggregated)
     cells = _by(aggregated["cells"], "init_from")
     if cells:
         scratch = {(c["dataset"], c["variant"]): c for c in _by(aggregated["cells"], "variants")}
@@ -350,6 +351,34 @@ def ablation_lines(aggregated):
                   "match (everything but the kernel's own state); same epochs and schedule as from scratch. The started "
                   "run has also had the softmax run's training, so its gain mixes what transfers with more steps.", ""]
         lines += table_lines(["dataset", "variant", "from scratch", "from softmax", "Δ (init − scratch, paired)"], rows) + [""]
+    return lines
+
+
+def learning_rate_lines(aggregated):
+    """The rows trained at another peak learning rate: accuracies beside the variant rows', then paired contrasts."""
+    cells = _by(aggregated["cells"], "learning_rate")
+    if not cells:
+        return []
+    own = {(c["dataset"], c["variant"]): c for c in _by(aggregated["cells"], "variants")}
+    rates = {(c["config"] or {}).get("learning_rate") for c in own.values() if c["config"]} - {None}
+    own_text = " or ".join(f"{r:g}" for r in sorted(rates)) or "the profile's"
+    rows = [[dataset_name(c["dataset"]), c["variant"],
+             accuracy_text(own[key]) if (key := (c["dataset"], c["variant"])) in own else "–",
+             f"{c['setting']['learning_rate']:g}", accuracy_text(c)] for c in cells]
+    lines = ["## Ablation: the peak learning rate", "",
+             f"The same schedule (warm-up, then cosine decay) to another peak than the profile's ({own_text}). Test "
+             "accuracy %, as in the main table (the profile's-rate column is the main table's row):", ""]
+    lines += table_lines(["dataset", "variant", "at the profile's rate", "rate", "at this rate"], rows) + [""]
+    keys = {"change_from_profile_rate": "this rate − the profile's", "gap_to_softmax_same_rate": "gap to softmax",
+            "gap_closed_by_rate": "gap closed by the rate"}
+    contrasts = [[dataset_name(c["dataset"]), c["variant"], f"{c['setting']['learning_rate']:g}", words,
+                  c[key]["baseline"], test_text(c[key])]
+                 for c in cells for key, words in keys.items() if (c.get(key) or {}).get("mean") is not None]
+    if contrasts:
+        lines += [f"Paired contrasts, percentage points [{round(100 * aggregated['confidence'])}% CI], two-sided p, "
+                  "MDE; outside the Holm family (they ask whether the gap is the learning rate's), so each p is "
+                  "uncorrected:", ""]
+        lines += table_lines(["dataset", "variant", "rate", "contrast", "against", "difference"], contrasts) + [""]
     return lines
 
 
@@ -385,7 +414,8 @@ def normalization_lines(aggregated):
 
 # The parts of a queue (`aggregate.queue_part`) in the report's words; "main table" and "extra rows" read as they are.
 PART_NAMES = {"more seeds": "seeds beyond the main table's", "init_from": "init-from ablation",
-              "num_features": "num_features ablation", "normalize_qk": "q/k normalisation ablation"}
+              "num_features": "num_features ablation", "normalize_qk": "q/k normalisation ablation",
+              "learning_rate": "learning-rate ablation"}
 
 
 def progress_parts(aggregated):

@@ -500,6 +500,45 @@ def test_the_reference_profile_reads_rope_at_a_fixed_normalisation_too(tmp_path)
     assert "| dataset | kernel | absolute, norm off | absolute, norm on | rope, norm on | rope, norm off | kerple, norm on" in readme
 
 
+def test_learning_rate_rows_read_the_gap_at_their_own_rate(tmp_path):
+    # Seeds 0-2; (variant, peak learning rate) -> accuracies: favor falls behind at the profile's 1e-3, not at 5e-4.
+    table = {("softmax-absolute", 1e-3): (0.988, 0.987, 0.989), ("favor-absolute", 1e-3): (0.975, 0.980, 0.970),
+             ("softmax-absolute", 5e-4): (0.986, 0.988, 0.985), ("favor-absolute", 5e-4): (0.985, 0.984, 0.987)}
+    profile = get_profile("reference")
+    jobs = benchmark.plan(profile, tmp_path, variants=["favor-absolute", "softmax-absolute"], datasets=["mnist"],
+                          experiments=["variants", "learning_rate"])
+    root = benchmark.profile_root(tmp_path, profile)
+    changed = [job for job in jobs if job.experiment == "learning_rate"]
+    assert sorted({job.cell for job in changed}) == [
+        "ablations/learning_rate/mnist/favor-absolute-lr0.0005", "ablations/learning_rate/mnist/softmax-absolute-lr0.0005"]
+    for job in jobs:
+        # Only the rate differs from the variant row.
+        assert job.config == profile.config(job.variant, "mnist", job.seed, learning_rate=job.config.learning_rate)
+        accuracy = table[(job.variant, job.config.learning_rate)][job.seed]
+        fake_run(job.folder(root), job.config, accuracy, [accuracy], test_examples=10_000)
+    result = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))
+    rows = {(c["experiment"], c["variant"]): c for c in result["cells"]}
+    favor = rows[("learning_rate", "favor-absolute")]
+    assert favor["setting"] == {"learning_rate": 5e-4}
+    # By hand: favor at 5e-4 minus at 1e-3 per seed .010, .004, .017; minus softmax at 5e-4 -.001, -.004, .002.
+    assert favor["change_from_profile_rate"]["mean"] == pytest.approx(0.031 / 3)
+    assert favor["gap_to_softmax_same_rate"]["mean"] == pytest.approx(-0.003 / 3)
+    # Gap closed: (-.001 - (.975 - .988), -.004 - (.980 - .987), .002 - (.970 - .989)) = (.012, .003, .021).
+    assert favor["gap_closed_by_rate"]["mean"] == pytest.approx(0.036 / 3)
+    assert favor["gap_closed_by_rate"]["seeds"] == [0, 1, 2]
+    softmax = rows[("learning_rate", "softmax-absolute")]
+    assert softmax["change_from_profile_rate"]["mean"] == pytest.approx(-0.005 / 3)
+    assert "gap_to_softmax_same_rate" not in softmax and "gap_closed_by_rate" not in softmax
+    assert all("p_holm" not in (c.get(key) or {}) for c in result["cells"]
+               for key in ("change_from_profile_rate", "gap_to_softmax_same_rate", "gap_closed_by_rate"))
+    readme = report.render(result, {})
+    assert "## Ablation: the peak learning rate" in readme
+    assert "| MNIST | favor-absolute | 0.0005 | gap closed by the rate |" in readme
+    assert "learning-rate ablation 6 of 6" in readme
+    with pytest.raises(ValueError, match="lists its own learning rate 0.001"):
+        dataclasses.replace(profile, learning_rate=dict(variants=("favor-absolute",), values=(1e-3,), datasets=("mnist",)))
+
+
 def test_paired_statistics_holm_and_interaction_by_hand(tmp_path):
     # Accuracies of seeds 0, 1, 2. Every difference below has n = 3, so t has 2
     # degrees of freedom, where the two-sided p-value is 1 - t / sqrt(t^2 + 2).
