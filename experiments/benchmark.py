@@ -434,9 +434,25 @@ def write_aggregate(profile, results_dir, selected=()):
 
 
 def selected_jobs(args, profile):
-    """The jobs that `experiments.cli.SELECTION_OPTIONS` select from `profile`'s queue."""
-    return plan(profile, args.results_dir, args.variants, args.datasets, args.seeds, args.epochs,
+    """The jobs that `experiments.cli.SELECTION_OPTIONS` select from `profile`'s queue.
+
+    A selection of no run is a RunError that says what each ablation it names
+    covers: an empty queue would otherwise read as a finished one.
+    """
+    jobs = plan(profile, args.results_dir, args.variants, args.datasets, args.seeds, args.epochs,
                 args.experiments or EXPERIMENTS)
+    if not jobs:
+        covers = [ablation_coverage(profile, name) for name in args.experiments or () if name != "variants"]
+        raise RunError("; ".join([f"the selection holds no run of profile {profile.name!r}", *covers]))
+    return jobs
+
+
+def ablation_coverage(profile, experiment):
+    """Which variants and datasets `profile`'s `experiment` (an ablation) runs, in words."""
+    spec = getattr(profile, experiment)
+    if not spec:
+        return f"it has no {experiment} experiment"
+    return f"its {experiment} experiment runs {', '.join(spec['variants'])} on {', '.join(spec['datasets'])}"
 
 
 def pack_finished(jobs, root, archive):

@@ -110,6 +110,9 @@ CASES = {
     "benchmark --experiments nope": (benchmark.main, ["--profile", "tiny", "--experiments", "nope", "--results-dir", "{tmp}/r"], "experiment"),
     "benchmark --results-dir a file": (benchmark.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt"], "is a file"),
     "benchmark other backend": (benchmark.main, ["--profile", "small", "--results-dir", "{tmp}/r"], "backend"),
+    "benchmark an ablation the profile lacks": (benchmark.main, ["--profile", "cpu", "--experiments", "learning_rate", "--results-dir", "{tmp}/r"], "has no learning_rate experiment"),
+    "benchmark an ablation elsewhere": (benchmark.main, ["--profile", "reference", "--experiments", "learning_rate", "--datasets", "cifar10", "--results-dir", "{tmp}/r"], "runs favor-absolute, softmax-absolute on mnist"),
+    "report an ablation the profile lacks": (report.main, ["--profile", "small", "--experiments", "normalize_qk", "--results-dir", "{tmp}/r"], "has no normalize_qk experiment"),
     "report --results-dir a file": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt"], "is a file"),
     "report --profile huge": (report.main, ["--profile", "huge", "--results-dir", "{tmp}/r"], "huge"),
     # tuning
