@@ -499,6 +499,8 @@ def _make_splits(
     test-set order second, so the validation split depends on ``split_seed``
     alone, never on ``limit`` or on the test set.
     """
+    if len(label_names) < 2:
+        raise DataError(f"{name}: one class ({', '.join(label_names)}): a classifier needs at least two")
     rng = np.random.default_rng(split_seed)
     order = rng.permutation(len(y_train))
     test_order = rng.permutation(len(y_test))
@@ -532,6 +534,9 @@ def _channel_stats(images):
 
     From per-channel histograms: exact, and chunked so each block stays in
     cache (a quarter of a second for CIFAR-10 where float sums take seconds).
+    A channel constant over the images (an alpha channel that is always 255,
+    say) gets std 1, so it is standardised to 0 rather than divided by 0, as
+    scikit-learn's StandardScaler does.
     """
     pixels = images.reshape(-1, images.shape[-1])  # (N*H*W, C)
     counts = np.zeros((pixels.shape[1], 256), np.int64)
@@ -543,4 +548,5 @@ def _channel_stats(images):
     total = counts.sum(axis=1)
     mean = counts @ values / total
     std = np.sqrt(np.maximum(counts @ values**2 / total - mean**2, 0.0))
+    std[std == 0] = 1.0
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)

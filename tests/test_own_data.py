@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -54,6 +55,7 @@ BAD = {
     "negative labels": dict(y_test=-np.ones(20, np.int64)),
     "sizes differ": dict(x_test=np.zeros((20, 8, 8), np.uint8)),
     "too few label names": dict(label_names=np.array(["a"])),
+    "one class": dict(y_train=np.zeros(47, np.int64), y_test=np.zeros(20, np.int64), label_names=None),
 }
 
 
@@ -66,6 +68,18 @@ def test_a_bad_npz_exits_2_with_one_line_naming_the_file(tmp_path, capsys, case)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "bad.npz" in lines[0], lines
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()} == before
+
+
+def test_a_constant_channel_is_standardised_to_zero_and_trains(tmp_path):
+    images = np.random.default_rng(2).integers(0, 256, (47, 16, 16, 3), dtype=np.uint8)
+    images[..., 2] = 255  # an alpha-like channel, the same in every image
+    npz = write_npz(tmp_path / "rgba_like.npz", (16, 16, 3), x_train=images)
+    splits = data.load_dataset(str(npz))
+    assert splits.std[2] == 1.0 and splits.mean[2] == 255.0
+    assert splits.std[0] == pytest.approx(splits.train[0][..., 0].std())
+    out = tmp_path / "run"
+    assert train.main(["--dataset", str(npz), *TINY, "--out", str(out)]) == 0
+    assert np.isfinite(json.loads((out / "metrics.json").read_text())["test_accuracy"])
 
 
 def test_a_file_that_is_not_an_npz_is_refused(tmp_path, capsys):
@@ -146,6 +160,11 @@ def _break(root, case):
     if case == "classes differ":
         (root / "test" / "emu").rename(root / "test" / "eel")
         return "pets"
+    if case == "one class":
+        for split in ("train", "test"):
+            for name in ("dog", "emu"):
+                shutil.rmtree(root / split / name)
+        return "pets: one class (cat)"
     if case == "no test folder":
         for path in (root / "test").rglob("*"):
             if path.is_file():
@@ -158,7 +177,7 @@ def _break(root, case):
 
 
 @pytest.mark.parametrize("case", ["corrupt image", "empty class folder", "sizes differ", "classes differ",
-                                  "no test folder"])
+                                  "no test folder", "one class"])
 def test_a_bad_folder_exits_2_with_one_line_naming_the_file(tmp_path, capsys, case):
     write_folder(tmp_path / "pets", size=(16, 16))
     named = _break(tmp_path / "pets", case)
