@@ -366,8 +366,8 @@ def learning_rate_lines(aggregated):
              accuracy_text(own[key]) if (key := (c["dataset"], c["variant"])) in own else "–",
              f"{c['setting']['learning_rate']:g}", accuracy_text(c)] for c in cells]
     lines = ["## Ablation: the peak learning rate", "",
-             f"The same schedule (warm-up, then cosine decay) to another peak than the profile's ({own_text}). Test "
-             "accuracy %, as in the main table (the profile's-rate column is the main table's row):", ""]
+             f"The profile's schedule (warm-up, then cosine decay) with another peak learning rate than its own "
+             f"({own_text}). Test accuracy %, as in the main table (the profile's-rate column is the main table's row):", ""]
     lines += table_lines(["dataset", "variant", "at the profile's rate", "rate", "at this rate"], rows) + [""]
     keys = {"change_from_profile_rate": "this rate − the profile's", "gap_to_softmax_same_rate": "gap to softmax",
             "gap_closed_by_rate": "gap closed by the rate"}
