@@ -25,9 +25,9 @@ NORMALIZE_QK_VARIANTS = ("softmax-absolute", "favor-absolute", "softmax-kerple",
 # so there rope and string are normalised too: every position can then be read at the same normalisation.
 REFERENCE_NORMALIZE_QK_VARIANTS = NORMALIZE_QK_VARIANTS + ("softmax-rope", "favor-rope", "softmax-string", "favor-string")
 LINEAR_BASELINES = ("favor-absolute", "relu-absolute")
-# At the reference size favor-absolute collapses after its warm-up epoch at the recipe's peak of 1e-3 and did not
-# at half of it (results/reference-pilots/favor-collapse, one seed, two epochs): these rows say, over the whole
-# schedule and against softmax at the same rate, whether the gap is the learning rate's.
+# At the reference size favor-absolute collapses after its warm-up epoch at the recipe's peak of 1e-3, and a
+# two-epoch pilot at half of it did not (results/reference-pilots/favor-collapse; these rows' first run fell in
+# its fourth epoch): they say, over the whole schedule and against softmax at the same rate, what the rate changes.
 REFERENCE_LEARNING_RATE = dict(variants=("favor-absolute", "softmax-absolute"), values=(5e-4,), datasets=("mnist",))
 INIT_FROM_VARIANTS = ("favor-absolute", "relu-absolute", "linformer-absolute")
 
