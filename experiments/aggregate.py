@@ -259,10 +259,8 @@ def add_comparisons(cells):
                 cell[key] = _compare(cell, rows.get((cell["dataset"], baseline)), baseline)
             others = [rows.get((cell["dataset"], v)) for v in (f"softmax-{position}", f"{kernel}-absolute", BASELINE)]
             if position != "absolute" and kernel != "softmax" and all(others):
-                cell["interaction"] = {
-                    "baseline": f"(softmax-{position}) - ({kernel}-absolute - {BASELINE})",
-                    **(paired_difference(*(accuracies(c) for c in [cell] + others)) or {}),
-                }
+                cell["interaction"] = _compare(cell, others[0], f"(softmax-{position}) - ({kernel}-absolute - {BASELINE})",
+                                               minus=others[1:])
         elif cell["experiment"] == "init_from":
             scratch = rows.get((cell["dataset"], cell["variant"]))
             cell["gain_over_scratch"] = _compare(cell, scratch, f"{cell['variant']} from scratch")
@@ -270,16 +268,13 @@ def add_comparisons(cells):
             rate = cell["setting"]["learning_rate"]
             profile_rate = rows.get((cell["dataset"], cell["variant"]))
             cell["change_from_profile_rate"] = _compare(cell, profile_rate, f"{cell['variant']} at the profile's rate")
-            softmax = rates.get((cell["dataset"], f"softmax-{position}", rate))
             if kernel != "softmax":
+                softmax = rates.get((cell["dataset"], f"softmax-{position}", rate))
                 cell["gap_to_softmax_same_rate"] = _compare(cell, softmax, f"softmax-{position} at {rate:g}")
-                others = [softmax, profile_rate, rows.get((cell["dataset"], f"softmax-{position}"))]
-                if all(others):
-                    cell["gap_closed_by_rate"] = {
-                        "baseline": f"(softmax-{position} at {rate:g}) - ({cell['variant']} - softmax-{position}, "
-                                    "the profile's rate)",
-                        **(paired_difference(*(accuracies(c) for c in [cell] + others)) or {}),
-                    }
+                cell["gap_closed_by_rate"] = _compare(
+                    cell, softmax,
+                    f"(softmax-{position} at {rate:g}) - ({cell['variant']} - softmax-{position}, the profile's rate)",
+                    minus=(profile_rate, rows.get((cell["dataset"], f"softmax-{position}"))))
     return cells
 
 
@@ -345,11 +340,16 @@ def normalization_contrasts(cells):
     return contrasts
 
 
-def _compare(cell, other, baseline):
-    """The paired accuracy difference cell - other, named by `baseline`; None without `other`."""
-    if other is None:
+def _compare(cell, other, baseline, minus=()):
+    """The paired accuracy difference cell - other, named by `baseline`; None without `other`.
+
+    With `minus` = (a, b) the difference of differences (cell - other) - (a - b),
+    an interaction; None unless every cell exists.
+    """
+    cells = [cell, other, *minus]
+    if not all(cells):
         return None
-    return {"baseline": baseline, **(paired_difference(accuracies(cell), accuracies(other)) or {})}
+    return {"baseline": baseline, **(paired_difference(*(accuracies(c) for c in cells)) or {})}
 
 
 def family(cells):
