@@ -244,9 +244,9 @@ def expected_seconds(job, root, statistic=max, device=None):
     def like_job(folder):
         if not (folder / "metrics.json").is_file():
             return False
+        if device is not None and run_device(folder) != device:
+            return False
         try:
-            if device is not None and json.loads((folder / "metrics.json").read_text()).get("device") != device:
-                return False
             if not isinstance(job.config.jit_compile, bool):
                 return True
             config = json.loads((folder / "config.json").read_text())
@@ -274,8 +274,22 @@ def expected_seconds(job, root, statistic=max, device=None):
     return first + later * (left - 1) if left > 0 else 0.0
 
 
-FORECAST_BASIS = ("each queued run at the median first epoch (which compiles) and median later epoch of the finished "
-                  "runs of its row with its XLA setting, else of its variant's main-table row, else of its dataset")
+def run_device(folder):
+    """The device a finished run's metrics.json names, None if it names none or cannot be read."""
+    try:
+        return json.loads((Path(folder) / "metrics.json").read_text()).get("device")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def forecast_basis(device, on_device, finished):
+    """The forecast's rule in words, naming the device it forecasts for (`forecast`)."""
+    basis = ("each queued run at the median first epoch (which compiles) and median later epoch of the finished "
+             "runs of its row with its XLA setting, else of its variant's main-table row, else of its dataset")
+    if device is None:
+        return basis
+    return (f"{basis}, run on {device}, the device of {on_device} of the {finished} finished runs (any device's "
+            f"where it has none)")
 
 
 def forecast_part(job, profile):
@@ -289,13 +303,22 @@ def forecast(jobs, root, profile):
     Returns {"basis", "runs", "hours", "without_forecast", "parts": [{"dataset",
     "part", "runs", "hours", "without_forecast"}], "minutes": {folder: minutes
     or None}}, parts in queue order; `expected_seconds` at the median epochs,
-    so it holds for the machine and load the finished runs had.
+    so it holds for the machine and load the finished runs had. One results
+    tree holds a GPU's runs beside CPUs' runs whose epochs take tens of times
+    longer, so every run is forecast for one device, the one most finished
+    runs of `jobs` ran on, from that device's runs where it has any.
     """
+    runs = unique_runs(jobs, root)
+    devices = [run_device(job.folder(root)) for job in runs if is_finished(job, root)]
+    device, on_device = max(((name, devices.count(name)) for name in set(devices) - {None}),
+                            key=lambda pair: (pair[1], pair[0]), default=(None, 0))
     minutes, parts = {}, {}
-    for job in unique_runs(jobs, root):
+    for job in runs:
         if is_finished(job, root):
             continue
-        seconds = expected_seconds(job, root, statistics.median)
+        seconds = expected_seconds(job, root, statistics.median, device=device)
+        if seconds is None:
+            seconds = expected_seconds(job, root, statistics.median)
         minutes[str(job.folder(root).relative_to(root))] = None if seconds is None else seconds / 60
         part = parts.setdefault(forecast_part(job, profile), {"runs": 0, "hours": 0.0, "without_forecast": 0})
         part["runs"] += 1
@@ -304,7 +327,7 @@ def forecast(jobs, root, profile):
         else:
             part["hours"] += seconds / 3600
     return {
-        "basis": FORECAST_BASIS,
+        "basis": forecast_basis(device, on_device, len(devices)),
         "runs": len(minutes),
         "hours": sum(part["hours"] for part in parts.values()),
         "without_forecast": sum(part["without_forecast"] for part in parts.values()),

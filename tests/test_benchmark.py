@@ -718,6 +718,30 @@ def test_a_deadline_forecasts_from_runs_on_this_device_first(tmp_path):
         assert queue(None) == ([], 1)
 
 
+def test_the_forecast_is_for_the_device_most_finished_runs_ran_on(tmp_path):
+    profile = get_profile("tiny")  # 1 epoch per run; softmax-absolute and favor-absolute, seeds 0 and 1
+    first, second, third, fourth = benchmark.plan(profile, tmp_path)
+    root = benchmark.profile_root(tmp_path, profile)
+    # softmax-absolute's seed 0 ran on a slow CPU, favor-absolute's two seeds on a GPU.
+    _fake_finished_run(first.folder(root), [600.0], device="cpu: slow (2 cores)")
+    _fake_finished_run(third.folder(root), [10.0], device="gpu: fast")
+    _fake_finished_run(fourth.folder(root), [20.0], device="gpu: fast")
+    # A CIFAR-10 run of softmax-absolute, queued, whose dataset only the CPU has run.
+    cifar = dataclasses.replace(second, dataset="cifar10", cell=f"runs/cifar10/{second.variant}")
+    _fake_finished_run(root / "runs" / "cifar10" / "relu-absolute" / "seed0", [900.0], device="cpu: slow (2 cores)")
+    left = benchmark.forecast([first, second, third, fourth, cifar], root, profile)
+    # Its own row's CPU epoch would say 600 s; the GPU's runs of the dataset say 15 s (their median).
+    assert left["minutes"][str(second.folder(root).relative_to(root))] == 15.0 / 60
+    # The GPU has no CIFAR-10 run: any device's.
+    assert left["minutes"][str(cifar.folder(root).relative_to(root))] == 900.0 / 60
+    assert left["basis"].endswith(
+        "else of its dataset, run on gpu: fast, the device of 2 of the 3 finished runs (any device's where it has none)")
+    # A tree whose runs name no device is forecast from all of them, and the rule names none.
+    plain = tmp_path / "plain"
+    _fake_finished_run(first.folder(plain), [600.0])
+    assert benchmark.forecast([first, second], plain, profile)["basis"].endswith("else of its dataset")
+
+
 def test_the_first_epoch_which_compiles_is_forecast_apart_from_the_later_ones(tmp_path):
     profile = get_profile("tiny")
     first, second, _, _ = benchmark.plan(profile, tmp_path)
