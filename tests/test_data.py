@@ -144,7 +144,7 @@ def test_missing_file_fails_with_one_line(tmp_path):
 
 
 def test_unloadable_dataset_names_the_offline_alternatives(monkeypatch):
-    tfds = pytest.importorskip("tensorflow_datasets")
+    import tensorflow_datasets as tfds
 
     def fail(*args, **kwargs):
         raise RuntimeError("Dataset nope not found.\nAvailable datasets:\n - mnist ...")
@@ -159,7 +159,7 @@ def test_unloadable_dataset_names_the_offline_alternatives(monkeypatch):
 
 
 def test_a_tfds_name_without_local_copy_fails_in_seconds_offline(monkeypatch):
-    tfds = pytest.importorskip("tensorflow_datasets")
+    import tensorflow_datasets as tfds
     monkeypatch.setattr(data, "network_reachable", lambda: False)
     monkeypatch.setattr(tfds, "load", lambda *args, **kwargs: pytest.fail("tfds.load would retry for minutes"))
     start = time.perf_counter()
@@ -171,7 +171,7 @@ def test_a_tfds_name_without_local_copy_fails_in_seconds_offline(monkeypatch):
 
 
 def test_tfds_dataset_is_split_like_the_bundled_ones(monkeypatch):
-    tfds = pytest.importorskip("tensorflow_datasets")
+    import tensorflow_datasets as tfds
     import tensorflow as tf
 
     rng = np.random.default_rng(0)
