@@ -688,7 +688,7 @@ def test_a_forecast_counts_only_runs_with_the_jobs_xla_setting(tmp_path):
     assert benchmark.expected_seconds(with_xla(second, None), root, max) == 100.0
 
 
-def test_a_deadline_forecasts_from_runs_on_this_device_first(tmp_path):
+def test_a_deadline_and_the_forecast_read_the_runs_of_one_device_first(tmp_path):
     profile = get_profile("tiny")  # 1 epoch per run; softmax-absolute and favor-absolute, seeds 0 and 1
     first, second, third, fourth = benchmark.plan(profile, tmp_path)
     root = benchmark.profile_root(tmp_path, profile)
@@ -717,14 +717,7 @@ def test_a_deadline_forecasts_from_runs_on_this_device_first(tmp_path):
     with mock.patch("experiments.latency.device_name", return_value="gpu: fast"):
         assert queue(None) == ([], 1)
 
-
-def test_the_forecast_is_for_the_device_most_finished_runs_ran_on(tmp_path):
-    profile = get_profile("tiny")  # 1 epoch per run; softmax-absolute and favor-absolute, seeds 0 and 1
-    first, second, third, fourth = benchmark.plan(profile, tmp_path)
-    root = benchmark.profile_root(tmp_path, profile)
-    # softmax-absolute's seed 0 ran on a slow CPU, favor-absolute's two seeds on a GPU.
-    _fake_finished_run(first.folder(root), [600.0], device="cpu: slow (2 cores)")
-    _fake_finished_run(third.folder(root), [10.0], device="gpu: fast")
+    # The forecast is for the device most finished runs ran on: favor-absolute's seed 1 on the GPU too.
     _fake_finished_run(fourth.folder(root), [20.0], device="gpu: fast")
     # A CIFAR-10 run of softmax-absolute, queued, whose dataset only the CPU has run.
     cifar = dataclasses.replace(second, dataset="cifar10", cell=f"runs/cifar10/{second.variant}")
