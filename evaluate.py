@@ -16,14 +16,14 @@ line and status 4; Ctrl-C, one line and 130.
 
 import sys
 
-from experiments.cli import fail, interruptible, parser
+from experiments.cli import fail, given_arg, interruptible, parser
 
 PROG = "evaluate.py"
 
 
 def main(argv=None):
     cli = parser(PROG, __doc__, "dataset", "limit", "batch-size", "out")
-    cli.add_argument("path", metavar="RUN_OR_MODEL", help="run folder, .keras file or SavedModel folder")
+    cli.add_argument("path", type=given_arg, metavar="RUN_OR_MODEL", help="run folder, .keras file or SavedModel folder")
     args = cli.parse_args(argv)
     return interruptible(PROG, lambda: run(args), remedy="lower --batch-size")
 

@@ -97,8 +97,17 @@ def shard_arg(text):
     return index, count
 
 
+def given_arg(text):
+    """argparse type of a name or path: any text but an empty one, which an unset shell variable gives
+    (`--out "$DIR"`) and which would otherwise mean the current folder or the tool's default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a name or path, got an empty string")
+    return text
+
+
 def folder_arg(text):
-    """argparse type of a folder to write into: any path but an existing file."""
+    """argparse type of a folder to write into: any path but an empty one or an existing file."""
+    given_arg(text)
     if os.path.exists(text) and not os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text} is a file; give a folder")
     return text
@@ -119,8 +128,8 @@ OPTIONS = {
     "attention": dict(help="softmax, favor, relu, exp or linformer (with --position, instead of --variant)"),
     "position": dict(help="absolute, rope, string or kerple (with --attention, instead of --variant)"),
     "variants": dict(nargs="+", metavar="VARIANT", help="variant names; 'all': the twelve of the comparison"),
-    "dataset": dict(help="mnist or cifar10 (bundled), a .npz in the keras.datasets layout, a folder of images with one subfolder per class, or a tensorflow-datasets name"),
-    "datasets": dict(nargs="+", metavar="DATASET", help="dataset names (default: the profile's)"),
+    "dataset": dict(type=given_arg, help="mnist or cifar10 (bundled), a .npz in the keras.datasets layout, a folder of images with one subfolder per class, or a tensorflow-datasets name"),
+    "datasets": dict(type=given_arg, nargs="+", metavar="DATASET", help="dataset names (default: the profile's)"),
     "limit": dict(type=limit_arg, help="only the first N examples of each split; 'all' lifts a limit set elsewhere"),
     "augment": dict(help="none, rotate, rotate_shift (rotate, then move up to 3 pixels) or crop_flip (default: rotate for grayscale, crop_flip for colour)"),
     # The model.
@@ -153,8 +162,8 @@ OPTIONS = {
     "label-smoothing": dict(type=finite_float, help="label smoothing of the cross-entropy, in [0, 1) (default 0)"),
     "seed": dict(type=non_negative_int, help="seed of the data order, initialisation and features"),
     "seeds": dict(type=non_negative_int, nargs="+", metavar="SEED", help="the seeds to run (default: the tool's)"),
-    "hparams": dict(help="JSON of hyperparameters (e.g. the tuner's best_hparams.json); explicit flags win"),
-    "init-from": dict(help="a .keras checkpoint or a run folder (its best.keras) to copy matching weights from"),
+    "hparams": dict(type=given_arg, help="JSON of hyperparameters (e.g. the tuner's best_hparams.json); explicit flags win"),
+    "init-from": dict(type=given_arg, help="a .keras checkpoint or a run folder (its best.keras) to copy matching weights from"),
     "init-from-partial": dict(action="store_true", default=None,
                               help="start from the matching weights even if the checkpoint is of another model"),
     # Where results go.
@@ -169,7 +178,7 @@ OPTIONS = {
     "space": dict(action="append", default=[], metavar="NAME=VALUES",
                   help="narrow or widen a space: learning_rate=1e-4:1e-3 (log-uniform), "
                        "num_features=32,64 (choice), redraw_interval=0 (fixed); repeatable"),
-    "space-file": dict(help="JSON {name: 'low:high' | [values] | value}; --space wins"),
+    "space-file": dict(type=given_arg, help="JSON {name: 'low:high' | [values] | value}; --space wins"),
     "show-space": dict(**_FLAG, help="print the search space and exit"),
     "quiet": dict(**_FLAG, help="no per-trial output"),
     # The benchmark.
@@ -183,12 +192,12 @@ OPTIONS = {
                          "accelerator's memory (default 1; keep 1 on a CPU)"),
     "shard": dict(type=shard_arg, help="K/N: run only queue entries K, K+N, K+2N, ... (what --workers gives each "
                                         "worker process)"),
-    "archive": dict(help="at the end, pack every finished run folder (no backups, no checkpoints) into this .tar.gz"),
+    "archive": dict(type=given_arg, help="at the end, pack every finished run folder (no backups, no checkpoints) into this .tar.gz"),
     "list": dict(**_FLAG, help="print the queue with each run's state and exit"),
     "list-variants": dict(**_FLAG, help="print the variant names and exit"),
     "verbose": dict(**_FLAG, help="Keras progress lines for every epoch"),
     # Cost profiles.
-    "baseline": dict(help="a checkout of another commit whose train.py path to measure alongside this one"),
+    "baseline": dict(type=given_arg, help="a checkout of another commit whose train.py path to measure alongside this one"),
     "backends": dict(nargs="+", choices=BACKENDS, help="the backends to measure (default: both)"),
     "compare-huge-pages": dict(action="store_true",
                                help="also time every subject with and without huge pages for XLA's buffers"),

@@ -297,9 +297,10 @@ def _read_npz(path):
     """Raw arrays of a user's ``.npz`` in the ``keras.datasets`` layout, like `_read_bundled`.
 
     ``x_train``/``x_test``: uint8 images, (N, H, W) grayscale or (N, H, W, C)
-    with C 1 or 3, of one size; ``y_train``/``y_test``: integer labels from 0,
-    one per image; ``label_names`` optional, one per class. Anything else is a
-    DataError naming the file and what is wrong.
+    with C 1 or 3, of one size; ``y_train``/``y_test``: integer labels 0 to
+    K-1, one per image, every class in ``y_train``; ``label_names`` optional,
+    K distinct names. Anything else is a DataError naming the file and what is
+    wrong.
     """
     def bad(reason):
         return DataError(f"{path}: {reason} (expected the keras.datasets layout: x_train, y_train, x_test, y_test, "
@@ -313,8 +314,12 @@ def _read_npz(path):
         missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in archive.files]
         if missing:
             raise bad(f"no {', '.join(missing)}")
-        arrays = {k: archive[k] for k in ("x_train", "y_train", "x_test", "y_test")}
-        names = archive["label_names"] if "label_names" in archive.files else None
+        try:
+            arrays = {k: archive[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+            names = archive["label_names"] if "label_names" in archive.files else None
+        except ValueError:
+            # Reading pickled Python objects could run code from the file, so they are refused, not loaded.
+            raise bad("an array holds Python objects (dtype=object); save plain numbers and strings") from None
     for split in ("train", "test"):
         images, labels = arrays[f"x_{split}"], arrays[f"y_{split}"]
         if images.dtype != np.uint8 or images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] not in (1, 3)):
@@ -329,9 +334,23 @@ def _read_npz(path):
     if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
         raise bad(f"train images are {arrays['x_train'].shape[1:]} and test images {arrays['x_test'].shape[1:]}")
     num_classes = int(max(arrays["y_train"].max(), arrays["y_test"].max())) + 1
-    if names is not None and len(names) < num_classes:
-        raise bad(f"{len(names)} label_names for labels up to {num_classes - 1}")
-    label_names = tuple(str(n) for n in names) if names is not None else tuple(str(c) for c in range(num_classes))
+    # A class without training images would still get an output unit, and sparse label ids (0, 1000, 2000)
+    # would build a classifier with thousands of outputs, so the classes must be 0..K-1, each in y_train.
+    present = np.unique(arrays["y_train"])
+    if len(present) < num_classes:
+        gaps = np.flatnonzero(present != np.arange(len(present)))
+        first = int(gaps[0]) if len(gaps) else len(present)
+        raise bad(f"class {first} has no training image, but labels reach {num_classes - 1} "
+                  f"({len(present)} classes in y_train): number the classes 0 to K-1, each in y_train")
+    if names is None:
+        label_names = tuple(str(c) for c in range(num_classes))
+    else:
+        label_names = tuple(str(n) for n in names.ravel())
+        if names.ndim != 1 or len(label_names) != num_classes:
+            raise bad(f"label_names must hold one name per class ({num_classes}), got shape {names.shape}")
+        repeated = sorted({n for n in label_names if label_names.count(n) > 1})
+        if repeated:
+            raise bad(f"label_names repeat {', '.join(repeated)}: each class needs its own name")
     return arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], label_names
 
 

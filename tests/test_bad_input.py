@@ -86,6 +86,8 @@ CASES = {
     "train rope on a head width of 3": (train.main, [*TINY, "--variant", "favor-rope", "--width", "18", "--heads", "6"],
                                         "divisible by 4"),
     "train unknown dataset": (train.main, [*TINY, "--dataset", "no_such_dataset_xyz"], "mnist"),
+    "train --out an empty string": (train.main, [*TINY, "--out", ""], "empty string"),
+    "train --dataset an empty string": (train.main, [*TINY, "--dataset", ""], "empty string"),
     # evaluate.py
     "evaluate missing path": (evaluate.main, ["{tmp}/missing"], "does not exist"),
     "evaluate a text file": (evaluate.main, ["{tmp}/a_file.txt"], "evaluate.py: error"),
@@ -95,6 +97,7 @@ CASES = {
     "evaluate --out a file": (evaluate.main, ["{tmp}/corrupt_run", "--out", "{tmp}/a_file.txt"], "is a file"),
     "evaluate a damaged SavedModel": (evaluate.main, ["{tmp}/other_export", "--dataset", "mnist"], "as a SavedModel"),
     "evaluate bogus .keras": (evaluate.main, ["{tmp}/bogus.keras", "--dataset", "mnist"], "evaluate.py: error"),
+    "evaluate an empty path": (evaluate.main, [""], "empty string"),
     # the benchmark
     "train --distribute data on TF": (train.main, [*TINY, "--distribute", "data", "--out", "{tmp}/run"], "KERAS_BACKEND=jax"),
     "train --distribute model": (train.main, [*TINY, "--distribute", "model", "--out", "{tmp}/run"], "--distribute"),
@@ -114,12 +117,14 @@ CASES = {
     "benchmark an ablation elsewhere": (benchmark.main, ["--profile", "reference", "--experiments", "learning_rate", "--datasets", "cifar10", "--results-dir", "{tmp}/r"], "runs favor-absolute, softmax-absolute on mnist"),
     "report an ablation the profile lacks": (report.main, ["--profile", "small", "--experiments", "normalize_qk", "--results-dir", "{tmp}/r"], "has no normalize_qk experiment"),
     "report --results-dir a file": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt"], "is a file"),
+    "benchmark --results-dir an empty string": (benchmark.main, ["--profile", "tiny", "--results-dir", ""], "empty string"),
     "report --profile huge": (report.main, ["--profile", "huge", "--results-dir", "{tmp}/r"], "huge"),
     # tuning
     "tuning --out a file": (tuning_main.main, ["favor-rope", "--out", "{tmp}/a_file.txt"], "is a file"),
     "tuning unknown variant": (tuning_main.main, ["favor-nope", "--out", "{tmp}/t"], "Unknown position"),
     "tuning --algorithm magic": (tuning_main.main, ["favor-rope", "--algorithm", "magic", "--out", "{tmp}/t"], "algorithm"),
     "tuning --space bad": (tuning_main.main, ["favor-rope", "--space", "learning_rate=abc", "--out", "{tmp}/t"], "learning_rate"),
+    "tuning --space-file an empty string": (tuning_main.main, ["favor-rope", "--space-file", "", "--out", "{tmp}/t"], "empty string"),
     "tuning no variant": (tuning_main.main, ["--out", "{tmp}/t"], "VARIANT"),
     # profiles
     "profiles --size huge": (profiles_main.main, ["--size", "huge", "--out", "{tmp}/p", "--skip-scaling"], "huge"),

@@ -56,6 +56,12 @@ BAD = {
     "sizes differ": dict(x_test=np.zeros((20, 8, 8), np.uint8)),
     "too few label names": dict(label_names=np.array(["a"])),
     "one class": dict(y_train=np.zeros(47, np.int64), y_test=np.zeros(20, np.int64), label_names=None),
+    "a test class never trained on": dict(y_test=np.arange(20) % 4),
+    "label ids, not 0 to K-1": dict(y_train=np.repeat([0, 1000, 2000], [30, 12, 5]), y_test=np.arange(20) % 3 * 1000,
+                                    label_names=None),
+    "repeated label names": dict(label_names=np.array(["cat", "dog", "cat"])),
+    "label names of another shape": dict(label_names=np.array([["cat", "dog", "emu"]])),
+    "Python objects": dict(label_names=np.array([{"name": "cat"}, "dog", "emu"], dtype=object)),
 }
 
 
