@@ -5,6 +5,7 @@ from keras import ops
 
 from performer_keras.favor_features import positive_exp
 from performer_keras.feature_map import FeatureMap
+from performer_keras.options import check_finite
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -27,7 +28,7 @@ class ExpFeatures(FeatureMap):
 
     def __init__(self, epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
-        self.epsilon = epsilon
+        self.epsilon = check_finite("epsilon", epsilon, low=0.0)
 
     def output_dim(self, input_dim):
         return input_dim

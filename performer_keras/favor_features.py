@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from performer_keras.options import check_finite
 from performer_keras.random_features import RandomFeatures
 
 
@@ -50,7 +51,7 @@ class FavorFeatures(RandomFeatures):
 
     def __init__(self, num_features=64, orthogonal=True, redraw_interval=0, epsilon=1e-6, seed=None, **kwargs):
         super().__init__(num_features, orthogonal, redraw_interval, seed, **kwargs)
-        self.epsilon = epsilon
+        self.epsilon = check_finite("epsilon", epsilon, low=0.0)
 
     def feature_map(self, queries, keys, projection):
         scale = self.dim**-0.25

@@ -4,6 +4,8 @@ import numpy as np
 import keras
 from keras import ops
 
+from performer_keras.options import check_finite
+
 
 def axial_frequencies(dim, base):
     """(dim/2, 2) frequencies: first dim/4 pairs follow rows, the rest columns."""
@@ -50,7 +52,7 @@ class RotaryEmbedding2D(keras.layers.Layer):
     def __init__(self, mixed=False, base=100.0, **kwargs):
         super().__init__(**kwargs)
         self.mixed = bool(mixed)
-        self.base = float(base)
+        self.base = float(check_finite("base", base, low=0.0, low_open=True))
 
     def build(self, inputs_shape, positions_shape=None):
         dim = int(inputs_shape[-1])

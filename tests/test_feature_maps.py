@@ -46,6 +46,14 @@ def test_layer_contract(layer_cls, kwargs, m, num_non_trainable, tmp_path):
 # === The random projection. ===
 
 
+@pytest.mark.parametrize("layer_cls", [ExpFeatures, FavorFeatures, ReluFeatures])
+@pytest.mark.parametrize("epsilon", [-1e-3, float("nan")])
+def test_a_negative_or_non_finite_epsilon_is_refused(layer_cls, epsilon):
+    # epsilon keeps every feature, hence the normaliser, positive; a negative one can divide by 0.
+    with pytest.raises(ValueError, match="epsilon must be"):
+        layer_cls(epsilon=epsilon)
+
+
 def test_orthogonal_rows_are_standard_gaussian():
     # Every row must be N(0, I_d) for the estimator to be unbiased: uniform
     # direction and an independent chi(d) norm. Drawn with integer seeds, as a

@@ -218,6 +218,24 @@ def test_bad_arguments_raise_at_construction(kwargs, match):
 
 
 @pytest.mark.parametrize(
+    "build, match",
+    [
+        pytest.param(lambda: RotaryEmbedding2D(base=0.0), r"base must be > 0.0", id="rope-base-0"),
+        pytest.param(lambda: RotaryEmbedding2D(base=float("nan")), r"base must be a finite number", id="rope-base-nan"),
+        pytest.param(lambda: ToeplitzBias2D(grid_size=(0, 4), num_heads=2), r"grid_size must be", id="grid-0"),
+        pytest.param(lambda: ToeplitzBias2D(grid_size=GRID, num_heads=0), r"num_heads must be", id="heads-0"),
+        pytest.param(lambda: ToeplitzBias2D(grid_size=GRID, num_heads=2, num_prefix_tokens=-1), r"num_prefix_tokens",
+                     id="toeplitz-prefix-negative"),
+        pytest.param(lambda: KernelAttention(num_heads=2, num_prefix_tokens=-1), r"num_prefix_tokens",
+                     id="attention-prefix-negative"),
+    ],
+)
+def test_position_layers_refuse_arguments_that_would_give_nan_or_empty_tables(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+@pytest.mark.parametrize(
     "kwargs",
     [
         pytest.param(dict(kernel_name="softmax"), id="head-dim-6"),  # width 12, 2 heads: head_dim 6

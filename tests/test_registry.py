@@ -129,3 +129,17 @@ def test_model_config_refuses_heads_that_do_not_divide_the_width():
         model_config("tiny", width=30, heads=4)
     with pytest.raises(ValueError, match="width 30 is not divisible by heads 4"):
         pk.create_model("softmax-absolute", size="tiny", width=30, heads=4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(patch_size=0), "patch_size must be an integer >= 1"),
+        (dict(depth=0), "depth must be an integer >= 1"),
+        (dict(num_classes=1), "num_classes must be >= 2"),
+    ],
+)
+def test_build_vit_refuses_a_shape_with_nothing_to_learn(kwargs, match):
+    arguments = dict(image_shape=(8, 8, 1), num_classes=3, width=8, depth=1, heads=2, mlp_dim=8, patch_size=4)
+    with pytest.raises(ValueError, match=match):
+        pk.build_vit(**{**arguments, **kwargs})

@@ -23,7 +23,11 @@ def test_matches_numpy_and_round_trips_its_config():
 def test_refuses_mismatched_channels_and_zero_std():
     with pytest.raises(ValueError, match="std > 0"):
         Standardize([0.0], [0.0])
-    with pytest.raises(ValueError, match="one value per channel"):
+    with pytest.raises(ValueError, match="one finite value per channel"):
         Standardize([0.0, 1.0], [1.0])
+    with pytest.raises(ValueError, match="finite"):
+        Standardize([0.0], [float("nan")])
+    with pytest.raises(ValueError, match="finite"):
+        Standardize([float("inf")], [1.0])
     with pytest.raises(ValueError, match="3 channels"):
         Standardize([0.0] * 3, [1.0] * 3)(np.zeros((1, 2, 2, 1), np.float32))
