@@ -248,7 +248,7 @@ class KernelAttention(keras.layers.Layer):
         self.num_heads = check_positive("num_heads", num_heads)
         self.kernel_name = check_choice("kernel", kernel_name, KERNELS)
         self.position = check_choice("position", position, POSITIONS)
-        self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
+        self.grid_size = None if grid_size is None else tuple(check_positive("grid_size", int(g)) for g in grid_size)
         self.num_prefix_tokens = check_non_negative("num_prefix_tokens", int(num_prefix_tokens))
         self.num_features = check_positive("num_features", num_features)
         self.orthogonal = bool(orthogonal)

@@ -228,6 +228,8 @@ def test_bad_arguments_raise_at_construction(kwargs, match):
                      id="toeplitz-prefix-negative"),
         pytest.param(lambda: KernelAttention(num_heads=2, num_prefix_tokens=-1), r"num_prefix_tokens",
                      id="attention-prefix-negative"),
+        pytest.param(lambda: KernelAttention(num_heads=2, position="rope", grid_size=(0, 4)), r"grid_size must be",
+                     id="attention-grid-0"),
     ],
 )
 def test_position_layers_refuse_arguments_that_would_give_nan_or_empty_tables(build, match):
