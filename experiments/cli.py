@@ -201,6 +201,9 @@ OPTIONS = {
     "backends": dict(nargs="+", choices=BACKENDS, help="the backends to measure (default: both)"),
     "compare-huge-pages": dict(action="store_true",
                                help="also time every subject with and without huge pages for XLA's buffers"),
+    "roofline": dict(action="store_true",
+                     help="also time float matmuls (large square ones and the ViT's own shapes) and read each "
+                          "subject's FLOPs per second against them"),
     "rounds": dict(type=positive_int, help="timed rounds after the warm-up one (default: the profile's)"),
     "worker-counts": dict(type=positive_int, nargs="+", metavar="N",
                           help="also time train.py's path in N processes at once on one accelerator, for each N"),

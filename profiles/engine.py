@@ -5,6 +5,7 @@
     python -m profiles.engine --num-features 16            # favor and relu at m = 16 -> engine-m16.json
     python -m profiles.engine --backends tensorflow --rounds 9   # -> engine-r9-tensorflow.json
     python -m profiles.engine --compare-huge-pages         # also with and without huge pages -> engine-huge-pages.json
+    python -m profiles.engine --backends tensorflow --roofline  # also matmul rates -> engine-tensorflow-roofline.json
 
 For size `small` on MNIST (`TASK`: 16,384 training images, train.py's
 default batch of 128), one child process per backend (`engine_child.py`)
@@ -48,7 +49,12 @@ without it. ``--compare-huge-pages`` then measures every subject again in
 child processes alternating with and without glibc's huge pages for XLA's
 buffers (`experiments.huge_pages`, which the project's commands turn on
 themselves; ``huge_pages`` in the record, ``on_over_off`` per subject).
-The record's name carries
+``--roofline`` also times, in the same rounds, float matmuls
+(`profiles/matmul_rate.py`: large square ones, about the device's peak,
+and the ViT's own forward shapes at the task's batch) and reads each
+training subject's FLOPs per second (graph-counted FLOPs per image times
+images/s) against both: how much faster a step could be if it ran at the
+matmul rate of its own shapes. The record's name carries
 every setting that differs from the default; it is written after every
 stage, with ``"complete": false`` until the last, so a run cut short (a
 time-limited slot) keeps what it measured.
@@ -80,6 +86,8 @@ VARIANTS = ("softmax-absolute", "favor-absolute", "relu-absolute")
 TASK = dict(dataset="mnist", size="small", limit=16384, validation_size=256, batch_size=128, epochs=1, rounds=3,
             variants=list(VARIANTS))
 SUBJECTS = ["stock", *(f"fit:{variant}" for variant in VARIANTS), "train_path"]
+# Timed in the same rounds with --roofline: matmul rates to read the training subjects' FLOPs per second against.
+ROOFLINE_SUBJECTS = ["matmul:square", "matmul:vit"]
 BASELINE_ROUNDS = 2
 TARGETS = {"softmax_over_stock": 1.0, "favor_over_softmax": 0.9, "relu_over_softmax": 0.9,
            "train_path_over_fit": 0.95, "train_path_over_baseline": 1.5, "workers_over_one": 2.0}
@@ -108,16 +116,36 @@ def run_child(task, backend, code=REPO, log=print, env=None):
         raise RuntimeError(f"engine child meant to measure {code} imported {events[0]['experiments_from']}")
     for event in events:
         if event["event"] == "sample" and not event["warmup"]:
-            log(f"{backend} {Path(code).name}: {event['subject']} {event['images_per_second']:.0f} images/s")
+            rate = (f"{event['images_per_second']:.0f} images/s" if "images_per_second" in event
+                    else f"{event['gflops_per_second']:.0f} GFLOP/s")
+            log(f"{backend} {Path(code).name}: {event['subject']} {rate}")
     return events
 
 
-def medians(events):
+def medians(events, field="images_per_second"):
+    """({subject: median}, {subject: samples}) of the timed samples that measure `field`."""
     samples = {}
     for event in events:
-        if event["event"] == "sample" and not event["warmup"]:
-            samples.setdefault(event["subject"], []).append(event["images_per_second"])
+        if event["event"] == "sample" and not event["warmup"] and field in event:
+            samples.setdefault(event["subject"], []).append(event[field])
     return {subject: statistics.median(values) for subject, values in samples.items()}, samples
+
+
+def roofline(events, median, task):
+    """Each training subject's FLOPs per second against the matmul rates timed beside it (`--roofline`).
+
+    train.py's path trains the task's first variant, so it has that model's
+    FLOPs per image. A share of 1 against ``matmul:vit`` would mean a step
+    spent all its time in matmuls at the rate its own shapes reach.
+    """
+    ceilings, samples = medians(events, "gflops_per_second")
+    per_image = next(event for event in events if event["event"] == "flops")["train_flops_per_image"]
+    per_image = dict(per_image, train_path=per_image[f"fit:{task['variants'][0]}"])
+    achieved = {subject: median[subject] * flops / 1e9 for subject, flops in per_image.items()}
+    return {"ceiling_gflops_per_second": ceilings, "ceiling_samples": samples, "train_flops_per_image": per_image,
+            "train_gflops_per_second": achieved,
+            "share_of_ceiling": {name: {subject: rate / ceiling for subject, rate in achieved.items()}
+                                 for name, ceiling in ceilings.items()}}
 
 
 def ratios(median):
@@ -209,16 +237,21 @@ def record_name(task, backends, worker_counts=(), compare_huge_pages=False):
         parts.append("w" + "-".join(map(str, worker_counts)) + ("-mps" if task.get("mps") else ""))
     if compare_huge_pages:
         parts.append("huge-pages")
+    if task.get("roofline"):
+        parts.append("roofline")
     return "-".join(parts) + ".json"
 
 
 def main(argv=None):
     args = parser("python -m profiles.engine", __doc__, "out", "baseline", "backends", "num-features",
-                  "rounds", *TASK_OPTIONS, "worker-counts", "compare-huge-pages").parse_args(argv)
+                  "rounds", *TASK_OPTIONS, "worker-counts", "compare-huge-pages", "roofline").parse_args(argv)
     backends = args.backends or list(BACKENDS)
     task = dict(TASK, rounds=args.rounds or TASK["rounds"])
     if args.num_features:
         task["num_features"] = args.num_features
+    if args.roofline:
+        task["roofline"] = True
+    subjects = SUBJECTS + (ROOFLINE_SUBJECTS if args.roofline else [])
     for name in TASK_OPTIONS:
         if getattr(args, name) is not None:
             task[name] = None if getattr(args, name) == "all" else getattr(args, name)
@@ -248,12 +281,14 @@ def main(argv=None):
         atomic.write_json(path, record, indent=1, sort_keys=False)
 
     for backend in backends:
-        events = run_child(dict(task, subjects=SUBJECTS), backend, env=single)
+        events = run_child(dict(task, subjects=subjects), backend, env=single)
         median, samples = medians(events)
         setup = next(event for event in events if event["event"] == "setup")
         per_backend[backend] = {"params": setup["params"], "dtype_policies": setup["dtype_policies"],
                                 "train_images": setup["train_images"],
                                 "images_per_second": median, "samples": samples, "ratios": ratios(median)}
+        if args.roofline:
+            per_backend[backend]["roofline"] = roofline(events, median, task)
         save()
         for workers in args.worker_counts or ():
             for mps in arms:

@@ -17,6 +17,11 @@ a warm-up (compilation) that is not kept:
   fresh folder for two epochs (its pipeline with augmentation, its callbacks
   and writes; a 256-image validation split); the second epoch's
   ``epoch_seconds`` from history.csv is kept.
+* ``matmul:square`` and ``matmul:vit`` (`profiles/matmul_rate.py`): GFLOP/s
+  of large square matmuls and of the ViT's own forward matmul shapes at
+  the task's batch, the ceilings a training rate is read against; with
+  them, a ``flops`` event gives each ``fit:`` subject's training FLOPs per
+  image, counted from its graph (`flops.count_training_flops`).
 
 A task with a ``precision`` builds every model under that dtype policy. A
 task with a ``barrier`` ({folder, index, count}: one of `count` children
@@ -89,6 +94,12 @@ def measure(task, emit):
             base = configs[task["variants"][0]]
             with training.dtype_policy(base.precision):
                 models[subject] = stock_model(training.build_model(base, splits), base, splits)
+    if any(subject.startswith("matmul:") for subject in task["subjects"]):
+        from experiments import flops
+
+        emit({"event": "flops", "train_flops_per_image": {
+            name: flops.count_training_flops(model, batch_size=task["batch_size"]) / task["batch_size"]
+            for name, model in models.items() if name.startswith("fit:")}})
     emit({"event": "setup", "train_images": len(x),
           "params": {name: int(sum(np.prod(w.shape) for w in m.trainable_weights)) for name, m in models.items()},
           "dtype_policies": {name: m.dtype_policy.name for name, m in models.items()}})
@@ -96,6 +107,11 @@ def measure(task, emit):
         if "barrier" in task and round_index > 0:
             wait_at_barrier(**task["barrier"], round_index=round_index)
         for subject in task["subjects"]:
+            if subject.startswith("matmul:"):
+                emit({"event": "sample", "subject": subject, "round": round_index, "warmup": round_index == 0,
+                      "gflops_per_second": matmul_gflops(subject, configs[task["variants"][0]], x.shape[1:],
+                                                         task["batch_size"])})
+                continue
             if subject == "train_path":
                 seconds = train_path_seconds(configs[task["variants"][0]], splits, training)
             else:
@@ -105,6 +121,20 @@ def measure(task, emit):
             steps = len(x) // task["batch_size"]
             emit({"event": "sample", "subject": subject, "round": round_index, "warmup": round_index == 0,
                   "images_per_second": steps * task["batch_size"] / seconds})
+
+
+def matmul_gflops(subject, config, image_shape, batch_size):
+    """GFLOP/s of `subject`'s matmuls: "matmul:square", or "matmul:vit", the forward shapes of `config`'s ViT."""
+    from performer_keras.registry import model_config
+    from profiles import matmul_rate
+
+    dtype = keras.DTypePolicy(config.precision).compute_dtype
+    if subject == "matmul:square":
+        return matmul_rate.matmul_gflops(matmul_rate.square_shapes(), copies=2, dtype=dtype)
+    size = model_config(**config.model_overrides())
+    tokens = (image_shape[0] // size["patch_size"]) * (image_shape[1] // size["patch_size"]) + 1  # and the CLS token
+    return matmul_rate.matmul_gflops(matmul_rate.vit_shapes(batch_size, tokens, size["width"], size["heads"],
+                                                            size["mlp_dim"]), dtype=dtype)
 
 
 def wait_at_barrier(folder, index, count, round_index, timeout_s=900.0):

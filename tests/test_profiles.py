@@ -363,8 +363,8 @@ def test_favor_kerple_error_falls_as_1_over_sqrt_m_at_the_default_qk_norm_only()
 def test_engine_child_measures_every_subject_with_a_stock_vit_of_equal_size():
     from profiles import engine
 
-    task = dict(engine.TASK, size="tiny", limit=512, rounds=1, subjects=engine.SUBJECTS, num_features=8,
-                precision="mixed_bfloat16")
+    task = dict(engine.TASK, size="tiny", limit=512, rounds=1, subjects=engine.SUBJECTS + engine.ROOFLINE_SUBJECTS,
+                num_features=8, precision="mixed_bfloat16")
     events = engine.run_child(task, "tensorflow", log=lambda line: None)
     setup = next(e for e in events if e["event"] == "setup")
     # The stock ViT swaps attention only: MultiHeadAttention has the same projections as softmax KernelAttention.
@@ -373,6 +373,17 @@ def test_engine_child_measures_every_subject_with_a_stock_vit_of_equal_size():
     median, samples = engine.medians(events)
     assert set(median) == set(engine.SUBJECTS) and all(len(v) == 1 and v[0] > 0 for v in samples.values())
     assert set(engine.ratios(median)) == set(engine.TARGETS) - {"train_path_over_baseline", "workers_over_one"}
+    roofline = engine.roofline(events, median, task)
+    assert set(roofline["ceiling_gflops_per_second"]) == set(engine.ROOFLINE_SUBJECTS)
+    # Per image, a training step of the tiny ViT (16 tokens, width 16) costs at least 3x its forward matmuls.
+    from experiments.flops import analytic_model_flops
+    from performer_keras.registry import SIZES
+
+    forward = analytic_model_flops((28, 28, 1), 10, "softmax", **SIZES["tiny"])
+    per_image = roofline["train_flops_per_image"]
+    assert set(per_image) == {"fit:softmax-absolute", "fit:favor-absolute", "fit:relu-absolute", "train_path"}
+    assert 3 * forward <= per_image["fit:softmax-absolute"] == per_image["train_path"] < 6 * forward
+    assert all(0 < share < float("inf") for shares in roofline["share_of_ceiling"].values() for share in shares.values())
 
 
 def test_engine_records_are_named_by_the_settings_that_differ_from_the_default():
@@ -386,6 +397,7 @@ def test_engine_records_are_named_by_the_settings_that_differ_from_the_default()
     assert engine.record_name(dict(task, precision="float32", limit=512), engine.BACKENDS) == "engine-limit512.json"
     gpu = dict(task, rounds=2, dataset="cifar10", size="reference", limit=None, precision="mixed_bfloat16")
     assert engine.record_name(task, ["jax"], compare_huge_pages=True) == "engine-jax-huge-pages.json"
+    assert engine.record_name(dict(task, roofline=True), ["tensorflow"]) == "engine-tensorflow-roofline.json"
     assert (engine.record_name(gpu, ["jax"], [2, 4, 8])
             == "engine-r2-cifar10-reference-limit-all-mixed_bfloat16-jax-w2-4-8.json")
 
@@ -427,6 +439,48 @@ def test_engine_compares_huge_pages_in_alternating_children_and_runs_a_baseline_
     assert [c[1] for c in children[1 + 2 * engine.BASELINE_ROUNDS:]] == [on, off] * engine.BASELINE_ROUNDS
     assert record["baseline"]["train_path_over_baseline"] == 1.5
     assert huge_pages.has_tunable(os.environ)  # the measuring process's own environment untouched
+
+
+def test_engine_roofline_reads_each_subject_s_flops_per_second_against_the_matmul_rates(monkeypatch, tmp_path):
+    from profiles import engine
+
+    def fake_child(task, backend, code=engine.REPO, log=print, env=None):
+        # 2,000 images/s of softmax at 25 MFLOP an image is 50 GFLOP/s; the matmuls run at 400 and 100 GFLOP/s.
+        rates = {"matmul:square": 400.0, "matmul:vit": 100.0}
+        flops = {f"fit:{variant}": 25e6 for variant in engine.VARIANTS}
+        return [{"event": "flops", "train_flops_per_image": flops},
+                {"event": "setup", "params": {}, "dtype_policies": {}, "train_images": 10},
+                *({"event": "sample", "subject": subject, "warmup": warmup,
+                   **({"gflops_per_second": rates[subject] * (1 + warmup)} if subject in rates
+                      else {"images_per_second": 2000.0 * (1 + warmup)})}
+                  for warmup in (True, False) for subject in task["subjects"])]
+
+    monkeypatch.setattr(engine, "run_child", fake_child)
+    assert engine.main(["--backends", "jax", "--roofline", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*/engine-jax-roofline.json")
+    entry = read(path)["backends"]["jax"]
+    assert set(entry["images_per_second"]) == set(engine.SUBJECTS)  # the matmul rates are not images
+    roofline = entry["roofline"]
+    assert roofline["ceiling_gflops_per_second"] == {"matmul:square": 400.0, "matmul:vit": 100.0}
+    assert roofline["train_gflops_per_second"]["train_path"] == pytest.approx(50.0)
+    assert roofline["share_of_ceiling"]["matmul:square"]["fit:favor-absolute"] == pytest.approx(0.125)
+    assert roofline["share_of_ceiling"]["matmul:vit"]["train_path"] == pytest.approx(0.5)
+    assert "stock" not in roofline["train_gflops_per_second"]  # its Einsums escape TensorFlow's FLOP count
+
+
+def test_matmul_rate_times_the_vit_s_own_matmuls_and_refuses_an_empty_call():
+    from experiments.flops import analytic_attention_flops
+    from profiles import matmul_rate
+
+    # One block's forward matmuls at batch 3 are the analytic count's: softmax attention plus the MLP.
+    batch, tokens, width, heads, mlp = 3, 17, 32, 4, 64
+    expected = batch * (analytic_attention_flops(tokens, width, heads, "softmax") + 4 * tokens * width * mlp)
+    assert matmul_rate.matmul_flops(matmul_rate.vit_shapes(batch, tokens, width, heads, mlp)) == expected
+    assert matmul_rate.matmul_flops(matmul_rate.square_shapes(8)) == 2 * 8**3
+    for dtype in ("float32", "bfloat16"):
+        assert 0 < matmul_rate.matmul_gflops(matmul_rate.vit_shapes(2, 5, 8, 2, 16), copies=2, calls=2, dtype=dtype) < 1e6
+    with pytest.raises(ValueError, match="copies"):
+        matmul_rate.matmul_gflops(matmul_rate.square_shapes(8), copies=0)
 
 
 def test_engine_barrier_holds_each_child_until_all_have_arrived(tmp_path):
