@@ -124,6 +124,21 @@ def weighted_average(phi_q, keys, v, position_weights=None):
     return ops.matmul(weights, v) / ops.sum(weights, axis=-1, keepdims=True)  # (batch, heads, N_q, d)
 
 
+def softmax_attend(logits, v):
+    """softmax(logits) v over the last axis, the division done on the (.., N_q, d) output.
+
+    `logits` float32 (.., N_q, N). Normalising the output rather than the
+    N_q x N weights is less work, and XLA on a CPU would fill a tensor of
+    that size with the row sums to divide by them every step (as it would
+    with a scale applied to the logits: callers scale q). The shift by the
+    row maximum keeps exp finite; softmax does not depend on it, so it gets
+    no gradient.
+    """
+    weights = ops.exp(logits - ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)))
+    outputs = ops.matmul(ops.cast(weights, v.dtype), v)
+    return ops.cast(outputs, "float32") / ops.sum(weights, axis=-1, keepdims=True)
+
+
 @keras.saving.register_keras_serializable(package="performer_keras")
 class KernelAttention(keras.layers.Layer):
     """Multi-head self-attention: one layer, any kernel x position.
@@ -410,21 +425,20 @@ class KernelAttention(keras.layers.Layer):
             bias = None if bias is None else ops.cast(bias[None], q.dtype)
             outputs = ops.dot_product_attention(transpose(q), transpose(k), transpose(v), bias=bias, scale=scale)
             return transpose(outputs)
-        logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * scale  # (batch, heads, N, N)
+        logits = ops.matmul(q * ops.cast(scale, q.dtype), ops.transpose(k, (0, 1, 3, 2)))  # (batch, heads, N, N)
         logits = ops.cast(logits, "float32")
         if bias is not None:
             logits = logits + over_batch(bias, logits.shape[0])
-        weights = ops.softmax(logits, axis=-1)
-        return ops.matmul(ops.cast(weights, v.dtype), v)  # (batch, heads, N, d)
+        return softmax_attend(logits, v)
 
     def _linformer(self, q, k, v):
         key_projection = ops.cast(self.key_projection, k.dtype)
         value_projection = ops.cast(self.value_projection, v.dtype)
         k = ops.matmul(key_projection, k)  # (batch, heads, linformer_dim, d)
         v = ops.matmul(value_projection, v)  # (batch, heads, linformer_dim, d)
-        logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * self.head_dim**-0.5  # (batch, heads, N, linformer_dim)
-        weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-        return ops.matmul(ops.cast(weights, v.dtype), v)  # (batch, heads, N, d)
+        q = q * ops.cast(self.head_dim**-0.5, q.dtype)
+        logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))  # (batch, heads, N, linformer_dim)
+        return softmax_attend(ops.cast(logits, "float32"), v)
 
     def _linear(self, q, k, v, positions, training):
         phi_q, phi_k = self.features(q, k, training=training)  # (batch, heads, N, m) float32

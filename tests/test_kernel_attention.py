@@ -619,3 +619,35 @@ def test_auto_takes_the_path_the_cost_model_predicts_faster():
     assert softmax.toeplitz_path_used is None
     with pytest.raises(ValueError, match="Unknown toeplitz_path 'sparse'"):
         KernelAttention(2, "favor", "kerple", grid_size=(2, 2), toeplitz_path="sparse")
+
+
+def _value_and_gradients(function, *arrays):
+    """function(*arrays) (a scalar) and its gradient with respect to each array, on the current backend."""
+    tensors = [keras.ops.convert_to_tensor(a) for a in arrays]
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            value = function(*tensors)
+        return value, tape.gradient(value, tensors)
+    import jax
+
+    value, gradients = jax.value_and_grad(function, argnums=tuple(range(len(tensors))))(*tensors)
+    return value, list(gradients)
+
+
+def test_softmax_attend_matches_softmax_then_weights_in_value_and_gradient():
+    # Normalising the output instead of the weights, with the max shift left out of the gradient, is the same function.
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((2, 3, 5, 7)) * 4 + 80).astype("float32")  # exp would overflow without the shift
+    v = rng.standard_normal((2, 3, 7, 4)).astype("float32")
+    r = rng.standard_normal((2, 3, 5, 4)).astype("float32")
+    ops = keras.ops
+    ours = lambda a, b: ops.sum(kernel_attention.softmax_attend(a, b) * r)  # noqa: E731
+    plain = lambda a, b: ops.sum(ops.matmul(ops.softmax(a, axis=-1), b) * r)  # noqa: E731
+    value, gradients = _value_and_gradients(ours, logits, v)
+    expected, expected_gradients = _value_and_gradients(plain, logits, v)
+    np.testing.assert_allclose(float(value), float(expected), rtol=1e-5)
+    for got, want in zip(gradients, expected_gradients):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), rtol=1e-4, atol=1e-5)
