@@ -124,16 +124,19 @@ def weighted_average(phi_q, keys, v, position_weights=None):
     return ops.matmul(weights, v) / ops.sum(weights, axis=-1, keepdims=True)  # (batch, heads, N_q, d)
 
 
-def softmax_attend(logits, v):
-    """softmax(logits) v over the last axis, the division done on the (.., N_q, d) output.
+def softmax_attend(q, keys, v, bias=None):
+    """softmax(q keys / sqrt(d) + bias) v, the scale applied to q and the division to the (.., N_q, d) output.
 
-    `logits` float32 (.., N_q, N). Normalising the output rather than the
-    N_q x N weights is less work, and XLA on a CPU would fill a tensor of
-    that size with the row sums to divide by them every step (as it would
-    with a scale applied to the logits: callers scale q). The shift by the
-    row maximum keeps exp finite; softmax does not depend on it, so it gets
-    no gradient.
+    `keys` is k transposed, (.., d, N); `bias` float32, broadcast over the
+    batch (`over_batch`). Scaling q and normalising the output rather than
+    the N_q x N logits and weights is less work, and XLA on a CPU would fill
+    tensors of that size with the scale and the row sums every step to apply
+    them there. The shift by the row maximum keeps exp finite; softmax does
+    not depend on it, so it gets no gradient.
     """
+    logits = ops.cast(ops.matmul(q * ops.cast(q.shape[-1] ** -0.5, q.dtype), keys), "float32")  # (.., N_q, N)
+    if bias is not None:
+        logits = logits + over_batch(bias, logits.shape[0])
     weights = ops.exp(logits - ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)))
     outputs = ops.matmul(ops.cast(weights, v.dtype), v)
     return ops.cast(outputs, "float32") / ops.sum(weights, axis=-1, keepdims=True)
@@ -419,26 +422,20 @@ class KernelAttention(keras.layers.Layer):
 
     def _softmax(self, q, k, v):
         bias = self.toeplitz.bias_matrix() if self.position_spec.kind == "bias" else None
-        scale = self.head_dim**-0.5
         if self.fused:
             transpose = lambda x: ops.transpose(x, (0, 2, 1, 3))  # (batch, N, heads, d)
             bias = None if bias is None else ops.cast(bias[None], q.dtype)
-            outputs = ops.dot_product_attention(transpose(q), transpose(k), transpose(v), bias=bias, scale=scale)
+            outputs = ops.dot_product_attention(transpose(q), transpose(k), transpose(v), bias=bias,
+                                                scale=self.head_dim**-0.5)
             return transpose(outputs)
-        logits = ops.matmul(q * ops.cast(scale, q.dtype), ops.transpose(k, (0, 1, 3, 2)))  # (batch, heads, N, N)
-        logits = ops.cast(logits, "float32")
-        if bias is not None:
-            logits = logits + over_batch(bias, logits.shape[0])
-        return softmax_attend(logits, v)
+        return softmax_attend(q, ops.transpose(k, (0, 1, 3, 2)), v, bias)  # (batch, heads, N, d)
 
     def _linformer(self, q, k, v):
         key_projection = ops.cast(self.key_projection, k.dtype)
         value_projection = ops.cast(self.value_projection, v.dtype)
         k = ops.matmul(key_projection, k)  # (batch, heads, linformer_dim, d)
         v = ops.matmul(value_projection, v)  # (batch, heads, linformer_dim, d)
-        q = q * ops.cast(self.head_dim**-0.5, q.dtype)
-        logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))  # (batch, heads, N, linformer_dim)
-        return softmax_attend(ops.cast(logits, "float32"), v)
+        return softmax_attend(q, ops.transpose(k, (0, 1, 3, 2)), v)  # (batch, heads, N, d)
 
     def _linear(self, q, k, v, positions, training):
         phi_q, phi_k = self.features(q, k, training=training)  # (batch, heads, N, m) float32

@@ -638,16 +638,18 @@ def _value_and_gradients(function, *arrays):
 
 
 def test_softmax_attend_matches_softmax_then_weights_in_value_and_gradient():
-    # Normalising the output instead of the weights, with the max shift left out of the gradient, is the same function.
+    # Scaling q, normalising the output instead of the weights, and leaving the max shift out of the gradient
+    # give the same function.
     rng = np.random.default_rng(0)
-    logits = (rng.standard_normal((2, 3, 5, 7)) * 4 + 80).astype("float32")  # exp would overflow without the shift
+    q = (rng.standard_normal((2, 3, 5, 4)) * 4 + 20).astype("float32")  # large logits, where the shift matters
+    keys = rng.standard_normal((2, 3, 4, 7)).astype("float32")
     v = rng.standard_normal((2, 3, 7, 4)).astype("float32")
     r = rng.standard_normal((2, 3, 5, 4)).astype("float32")
     ops = keras.ops
-    ours = lambda a, b: ops.sum(kernel_attention.softmax_attend(a, b) * r)  # noqa: E731
-    plain = lambda a, b: ops.sum(ops.matmul(ops.softmax(a, axis=-1), b) * r)  # noqa: E731
-    value, gradients = _value_and_gradients(ours, logits, v)
-    expected, expected_gradients = _value_and_gradients(plain, logits, v)
+    ours = lambda a, b, c: ops.sum(kernel_attention.softmax_attend(a, b, c) * r)  # noqa: E731
+    plain = lambda a, b, c: ops.sum(ops.matmul(ops.softmax(ops.matmul(a, b) / 2.0, axis=-1), c) * r)  # noqa: E731
+    value, gradients = _value_and_gradients(ours, q, keys, v)
+    expected, expected_gradients = _value_and_gradients(plain, q, keys, v)
     np.testing.assert_allclose(float(value), float(expected), rtol=1e-5)
     for got, want in zip(gradients, expected_gradients):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), rtol=1e-4, atol=1e-5)
