@@ -100,7 +100,7 @@ def bench_variant(variant, dataset="mnist", size="reference", batch_size=32, bur
     result = dict(
         record_header(),
         variant=variant, attention=attention, position=position, dataset=dataset, size=size,
-        config=config, image_shape=list(image_shape), tokens=_tokens(image_shape, config["patch_size"]),
+        config=config, image_shape=list(image_shape), tokens=token_count(image_shape, config["patch_size"]),
         batch_size=batch_size, burn_in=burn_in, steps=steps,
         train_step_ms=step * 1000.0, train_step_ms_all=[s * 1000.0 for s in seconds],
         train_images_per_s=batch_size / step, compile_seconds=compile_seconds,
@@ -190,7 +190,8 @@ def device_slug(name=None):
     return "-".join([kind.strip().lower() or "device", *words[:4], *([f"{cores.group(1)}core"] if cores else [])])
 
 
-def _tokens(image_shape, patch_size):
+def token_count(image_shape, patch_size):
+    """Tokens of the ViT on `image_shape` images: its patches and the CLS token."""
     return (image_shape[0] // patch_size) * (image_shape[1] // patch_size) + 1
 
 

@@ -127,12 +127,13 @@ def matmul_gflops(subject, config, image_shape, batch_size):
     """GFLOP/s of `subject`'s matmuls: "matmul:square", or "matmul:vit", the forward shapes of `config`'s ViT."""
     from performer_keras.registry import model_config
     from profiles import matmul_rate
+    from profiles.bench import token_count
 
     dtype = keras.DTypePolicy(config.precision).compute_dtype
     if subject == "matmul:square":
         return matmul_rate.matmul_gflops(matmul_rate.square_shapes(), copies=2, dtype=dtype)
     size = model_config(**config.model_overrides())
-    tokens = (image_shape[0] // size["patch_size"]) * (image_shape[1] // size["patch_size"]) + 1  # and the CLS token
+    tokens = token_count(image_shape, size["patch_size"])
     return matmul_rate.matmul_gflops(matmul_rate.vit_shapes(batch_size, tokens, size["width"], size["heads"],
                                                             size["mlp_dim"]), dtype=dtype)
 
