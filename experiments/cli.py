@@ -55,6 +55,18 @@ def non_negative_int(text):
     return _int_at_least(text, 0)
 
 
+# keras.utils.set_random_seed, and numpy's generators under it, take seeds below 2**32.
+MAX_SEED = 2**32 - 1
+
+
+def seed_arg(text):
+    """argparse type of a seed: an integer from 0 to MAX_SEED."""
+    value = non_negative_int(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_SEED}, got {text!r}")
+    return value
+
+
 def _int_at_least(text, low):
     try:
         value = int(text)
@@ -106,10 +118,19 @@ def given_arg(text):
 
 
 def folder_arg(text):
-    """argparse type of a folder to write into: any path but an empty one or an existing file."""
+    """argparse type of a folder to write into: any path but an empty one, an existing file, or one that
+    cannot be made (under a file, or in a folder this user cannot write): checked now, since the tools
+    first write there after their work (a profile) or after building the model."""
     given_arg(text)
     if os.path.exists(text) and not os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text} is a file; give a folder")
+    existing = os.path.abspath(text)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise argparse.ArgumentTypeError(f"{text} lies under {existing}, a file; give a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text} cannot be written: this user cannot write in {existing}")
     return text
 
 
@@ -160,8 +181,8 @@ OPTIONS = {
     "dropout": dict(type=finite_float, help="dropout rate of the embedding and of each block's attention and MLP "
                                             "(default 0: no dropout layer)"),
     "label-smoothing": dict(type=finite_float, help="label smoothing of the cross-entropy, in [0, 1) (default 0)"),
-    "seed": dict(type=non_negative_int, help="seed of the data order, initialisation and features"),
-    "seeds": dict(type=non_negative_int, nargs="+", metavar="SEED", help="the seeds to run (default: the tool's)"),
+    "seed": dict(type=seed_arg, help="seed of the data order, initialisation and features"),
+    "seeds": dict(type=seed_arg, nargs="+", metavar="SEED", help="the seeds to run (default: the tool's)"),
     "hparams": dict(type=given_arg, help="JSON of hyperparameters (e.g. the tuner's best_hparams.json); explicit flags win"),
     "init-from": dict(type=given_arg, help="a .keras checkpoint or a run folder (its best.keras) to copy matching weights from"),
     "init-from-partial": dict(action="store_true", default=None,

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+from experiments.cli import MAX_SEED
 from performer_keras.options import ROTATION_ORDERS, check_choice, check_finite, check_fraction, check_non_negative, check_positive
 from performer_keras.registry import DEFAULT_QK_NORM, SIZES, list_variants, model_config, normalizes_qk, parse_variant
 
@@ -87,7 +88,8 @@ class RunConfig:
             check_fraction("label_smoothing", self.label_smoothing)
             check_finite("qk_norm", self.qk_norm, low=0.0, low_open=True)
             check_non_negative("redraw_interval", self.redraw_interval)
-            check_non_negative("seed", self.seed)
+            if check_non_negative("seed", self.seed) > MAX_SEED:
+                raise ValueError(f"seed must be at most {MAX_SEED}, got {self.seed!r}")
             if self.jit_compile is not None and not isinstance(self.jit_compile, bool):
                 raise ValueError(f"jit_compile must be true, false or null, got {self.jit_compile!r}")
             for name in ("absolute_position", "orthogonal", "deterministic", "rope_mixed", "limit_test", "init_from_partial",

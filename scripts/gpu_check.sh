@@ -10,7 +10,8 @@
 # runs both parts under NVIDIA MPS, where the engine times each count without and with it.
 set -uo pipefail
 usage="usage: scripts/gpu_check.sh WHEELS_DIR OUT_DIR SECONDS [benchmark options]"
-wheels=${1:?$usage} out=${2:?$usage} seconds=${3:?$usage}
+(($# >= 3)) || { echo "gpu_check.sh: $usage" >&2; exit 2; }
+wheels=$1 out=$2 seconds=$3
 shift 3
 [[ $seconds =~ ^[0-9]+$ ]] && ((seconds >= 120)) || { echo "gpu_check.sh: SECONDS must be an integer >= 120" >&2; exit 2; }
 cd "$(dirname "$0")/.."

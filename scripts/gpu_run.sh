@@ -12,8 +12,11 @@
 # stopped at the end): without it the processes of `--workers N` take turns on the GPU instead of
 # sharing it, which may be why 4 workers gained 1.68x and 8 less (README: Measured on a GPU).
 set -euo pipefail
-wheels=${1:?usage: scripts/gpu_run.sh WHEELS_DIR [benchmark options]}
+(($# >= 1)) || { echo "gpu_run.sh: usage: scripts/gpu_run.sh WHEELS_DIR [benchmark options]" >&2; exit 2; }
+wheels=$1
 shift
+compgen -G "$wheels/*.whl" >/dev/null \
+    || { echo "gpu_run.sh: $wheels holds no .whl files; scripts/gpu_wheels.sh makes them (README: Training on a GPU)" >&2; exit 2; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
 site=${PERFORMER_SITE:-/tmp/performer-site}
 mps=${PERFORMER_MPS:-0}
@@ -21,7 +24,8 @@ mps=${PERFORMER_MPS:-0}
 if [[ $mps == 1 ]] && ! command -v nvidia-cuda-mps-control >/dev/null; then
     echo "gpu_run.sh: PERFORMER_MPS=1 needs nvidia-cuda-mps-control, which is not on PATH" >&2; exit 2
 fi
-python3 -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" \
+# Quiet: where JAX is not installed at all its traceback would bury the line below.
+python3 -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null \
     || { echo "gpu_run.sh: JAX sees no GPU here; install a CUDA JAX first (README: Training on a GPU)" >&2; exit 2; }
 python3 -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl
 export PYTHONPATH="$site:$repo${PYTHONPATH:+:$PYTHONPATH}" KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALLOCATE=false

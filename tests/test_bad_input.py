@@ -47,6 +47,7 @@ CASES = {
     "train --epochs 0": (train.main, [*TINY, "--epochs", "0"], "--epochs"),
     "train --batch-size -3": (train.main, [*TINY, "--batch-size", "-3"], "--batch-size"),
     "train --seed -1": (train.main, [*TINY, "--seed", "-1"], "--seed"),
+    "train --seed 2**32": (train.main, [*TINY, "--seed", str(2**32)], "from 0 to 4294967295"),
     "train --learning-rate inf": (train.main, [*TINY, "--learning-rate", "inf"], "--learning-rate"),
     "train --learning-rate nan": (train.main, [*TINY, "--learning-rate", "nan"], "--learning-rate"),
     "train --learning-rate 0": (train.main, [*TINY, "--learning-rate", "0"], "learning_rate"),
@@ -65,6 +66,7 @@ CASES = {
     "train hparams missing": (train.main, [*TINY, "--hparams", "{tmp}/missing.json"], "cannot read --hparams"),
     "train hparams not json": (train.main, [*TINY, "--hparams", "{tmp}/broken.json"], "cannot read --hparams"),
     "train --out a file": (train.main, [*TINY, "--out", "{tmp}/a_file.txt"], "is a file"),
+    "train --out under a file": (train.main, [*TINY, "--out", "{tmp}/a_file.txt/run/x"], "a_file.txt, a file"),
     "train --export a file": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/a_file.txt"], "is a file"),
     "train --export another run's export": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/other_export"],
                                             "an export of /elsewhere/run"),
@@ -95,6 +97,7 @@ CASES = {
     "evaluate --limit 0": (evaluate.main, ["{tmp}/corrupt_run", "--limit", "0"], "--limit"),
     "evaluate --batch-size x": (evaluate.main, ["{tmp}/corrupt_run", "--batch-size", "x"], "--batch-size"),
     "evaluate --out a file": (evaluate.main, ["{tmp}/corrupt_run", "--out", "{tmp}/a_file.txt"], "is a file"),
+    "evaluate --out under a file": (evaluate.main, ["{tmp}/corrupt_run", "--out", "{tmp}/a_file.txt/eval"], "a file"),
     "evaluate a damaged SavedModel": (evaluate.main, ["{tmp}/other_export", "--dataset", "mnist"], "as a SavedModel"),
     "evaluate bogus .keras": (evaluate.main, ["{tmp}/bogus.keras", "--dataset", "mnist"], "evaluate.py: error"),
     "evaluate an empty path": (evaluate.main, [""], "empty string"),
@@ -110,17 +113,21 @@ CASES = {
     "benchmark --shard 2/2": (benchmark.main, ["--profile", "tiny", "--shard", "2/2", "--results-dir", "{tmp}/r"], "--shard"),
     "benchmark --workers with --shard": (benchmark.main, ["--profile", "tiny", "--workers", "2", "--shard", "0/2", "--results-dir", "{tmp}/r"], "exclude"),
     "benchmark --seeds x": (benchmark.main, ["--profile", "tiny", "--seeds", "x", "--results-dir", "{tmp}/r"], "--seeds"),
+    "benchmark --seeds 2**32": (benchmark.main, ["--profile", "tiny", "--seeds", "0", str(2**32), "--results-dir", "{tmp}/r"], "--seeds"),
     "benchmark --experiments nope": (benchmark.main, ["--profile", "tiny", "--experiments", "nope", "--results-dir", "{tmp}/r"], "experiment"),
     "benchmark --results-dir a file": (benchmark.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt"], "is a file"),
+    "benchmark --results-dir under a file": (benchmark.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt/r"], "a file"),
     "benchmark other backend": (benchmark.main, ["--profile", "small", "--results-dir", "{tmp}/r"], "backend"),
     "benchmark an ablation the profile lacks": (benchmark.main, ["--profile", "cpu", "--experiments", "learning_rate", "--results-dir", "{tmp}/r"], "has no learning_rate experiment"),
     "benchmark an ablation elsewhere": (benchmark.main, ["--profile", "reference", "--experiments", "learning_rate", "--datasets", "cifar10", "--results-dir", "{tmp}/r"], "runs favor-absolute, softmax-absolute on mnist"),
     "report an ablation the profile lacks": (report.main, ["--profile", "small", "--experiments", "normalize_qk", "--results-dir", "{tmp}/r"], "has no normalize_qk experiment"),
     "report --results-dir a file": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt"], "is a file"),
+    "report --results-dir under a file": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt/r"], "a file"),
     "benchmark --results-dir an empty string": (benchmark.main, ["--profile", "tiny", "--results-dir", ""], "empty string"),
     "report --profile huge": (report.main, ["--profile", "huge", "--results-dir", "{tmp}/r"], "huge"),
     # tuning
     "tuning --out a file": (tuning_main.main, ["favor-rope", "--out", "{tmp}/a_file.txt"], "is a file"),
+    "tuning --out under a file": (tuning_main.main, ["favor-rope", "--out", "{tmp}/a_file.txt/t"], "a file"),
     "tuning unknown variant": (tuning_main.main, ["favor-nope", "--out", "{tmp}/t"], "Unknown position"),
     "tuning --algorithm magic": (tuning_main.main, ["favor-rope", "--algorithm", "magic", "--out", "{tmp}/t"], "algorithm"),
     "tuning --space bad": (tuning_main.main, ["favor-rope", "--space", "learning_rate=abc", "--out", "{tmp}/t"], "learning_rate"),
@@ -130,6 +137,7 @@ CASES = {
     "profiles --size huge": (profiles_main.main, ["--size", "huge", "--out", "{tmp}/p", "--skip-scaling"], "huge"),
     "profiles unknown variant": (profiles_main.main, ["favor-nope", "--out", "{tmp}/p"], "Unknown position"),
     "profiles --out a file": (profiles_main.main, ["--out", "{tmp}/a_file.txt"], "is a file"),
+    "profiles --out under a file": (profiles_main.main, ["--out", "{tmp}/a_file.txt/p"], "a file"),
     "profiles --width 30 --heads 4": (profiles_main.main, ["--width", "30", "--heads", "4", "--out", "{tmp}/p"], "divisible"),
     "profiles --steps 0": (profiles_main.main, ["--steps", "0", "--out", "{tmp}/p"], "--steps"),
 }
@@ -253,3 +261,24 @@ def test_any_other_error_still_reaches_the_user_as_a_traceback():
 
     with pytest.raises(RuntimeError, match="a bug"):
         interruptible("tool", broken)
+
+
+def test_a_folder_this_user_cannot_write_in_is_refused_before_any_work(tmp_path, monkeypatch):
+    import argparse
+
+    from experiments.cli import folder_arg
+
+    assert folder_arg(str(tmp_path / "new" / "deeper")) == str(tmp_path / "new" / "deeper")
+    # As root (CI, this machine) access() grants every write, so the refusal is what access() says.
+    monkeypatch.setattr(os, "access", lambda path, mode: path != str(tmp_path))
+    with pytest.raises(argparse.ArgumentTypeError, match=f"cannot write in {tmp_path}$"):
+        folder_arg(str(tmp_path / "new" / "deeper"))
+
+
+def test_a_run_config_refuses_a_seed_keras_cannot_take():
+    from experiments.cli import MAX_SEED
+    from experiments.run_config import RunConfig
+
+    assert RunConfig(seed=MAX_SEED).seed == MAX_SEED
+    with pytest.raises(ValueError, match="seed must be at most 4294967295"):
+        RunConfig(seed=MAX_SEED + 1)

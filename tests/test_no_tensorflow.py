@@ -166,15 +166,47 @@ def test_data_parallel_over_two_devices_matches_one_device(tmp_path):
 
 
 def test_gpu_run_stops_in_one_line_where_jax_sees_no_gpu(tmp_path):
-    # This CPU is such a machine: scripts/gpu_run.sh must stop before it installs or runs anything.
-    site = tmp_path / "site"
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # its python3 is this one
-    done = subprocess.run(["bash", "scripts/gpu_run.sh", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                          env=environment(PATH=path, PERFORMER_SITE=str(site)))
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines() == [
-        "gpu_run.sh: JAX sees no GPU here; install a CUDA JAX first (README: Training on a GPU)"]
-    assert not site.exists()
+    # This CPU is such a machine: scripts/gpu_run.sh must stop before it installs or runs anything. So must a
+    # machine without JAX, whose import error would otherwise come before the line (a python3 that says so).
+    without_jax = tmp_path / "bin"
+    without_jax.mkdir()
+    (without_jax / "python3").write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named jax' >&2\nexit 1\n")
+    (without_jax / "python3").chmod(0o755)
+    wheels = wheel_folder(tmp_path)
+    for first in (Path(sys.executable).parent, without_jax):  # this environment's python3 has a CPU JAX
+        site = tmp_path / "site"
+        done = subprocess.run(["bash", "scripts/gpu_run.sh", str(wheels)], cwd=REPO, capture_output=True, text=True,
+                              env=environment(PATH=os.pathsep.join([str(first), os.environ["PATH"]]),
+                                              PERFORMER_SITE=str(site)))
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines() == [
+            "gpu_run.sh: JAX sees no GPU here; install a CUDA JAX first (README: Training on a GPU)"]
+        assert not site.exists()
+
+
+def wheel_folder(tmp_path):
+    """A folder holding a (fake) wheel, which gpu_run.sh looks for before anything else."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "keras-3.15.1-py3-none-any.whl").write_bytes(b"")
+    return wheels
+
+
+@pytest.mark.parametrize("command, line", [
+    (["scripts/gpu_run.sh"], "gpu_run.sh: usage: scripts/gpu_run.sh WHEELS_DIR [benchmark options]"),
+    (["scripts/gpu_run.sh", "{tmp}"], "gpu_run.sh: {tmp} holds no .whl files; scripts/gpu_wheels.sh makes them "
+                                      "(README: Training on a GPU)"),
+    (["scripts/gpu_wheels.sh"], "gpu_wheels.sh: usage: scripts/gpu_wheels.sh DIR [PYTHON_VERSION]"),
+    (["scripts/gpu_wheels.sh", "{tmp}/a_file"], "gpu_wheels.sh: {tmp}/a_file is a file; give a folder"),
+    (["scripts/gpu_check.sh", "{tmp}", "{tmp}/out"],
+     "gpu_check.sh: usage: scripts/gpu_check.sh WHEELS_DIR OUT_DIR SECONDS [benchmark options]"),
+])
+def test_the_gpu_scripts_refuse_bad_arguments_in_one_line(tmp_path, command, line):
+    (tmp_path / "a_file").write_text("")
+    done = subprocess.run(["bash", *[part.replace("{tmp}", str(tmp_path)) for part in command]], cwd=REPO,
+                          capture_output=True, text=True, env=environment())
+    assert (done.returncode, done.stderr.strip().splitlines()) == (2, [line.replace("{tmp}", str(tmp_path))])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a_file"]
 
 
 @pytest.mark.parametrize("mps, line", [
@@ -184,7 +216,7 @@ def test_gpu_run_stops_in_one_line_where_jax_sees_no_gpu(tmp_path):
 def test_gpu_run_refuses_a_bad_mps_setting_in_one_line_before_anything_runs(tmp_path, mps, line):
     site = tmp_path / "site"
     path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"])  # no NVIDIA tools on this CPU
-    done = subprocess.run(["bash", "scripts/gpu_run.sh", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                          env=environment(PATH=path, PERFORMER_SITE=str(site), PERFORMER_MPS=mps))
+    done = subprocess.run(["bash", "scripts/gpu_run.sh", str(wheel_folder(tmp_path))], cwd=REPO, capture_output=True,
+                          text=True, env=environment(PATH=path, PERFORMER_SITE=str(site), PERFORMER_MPS=mps))
     assert (done.returncode, done.stderr.strip().splitlines()) == (2, [line])
     assert not site.exists()
