@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from performer_keras.options import check_rank
+
 
 @keras.saving.register_keras_serializable(package="performer_keras")
 class CirculantString(keras.layers.Layer):
@@ -36,6 +38,7 @@ class CirculantString(keras.layers.Layer):
         self.initializer_stddev = initializer_stddev
 
     def build(self, inputs_shape, positions_shape=None):
+        check_rank("CirculantString", inputs_shape, "(batch, heads, tokens, dim)")
         heads, dim = int(inputs_shape[-3]), int(inputs_shape[-1])
         self.dim = dim
         initializer = keras.initializers.RandomNormal(stddev=self.initializer_stddev / dim**0.5)

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from performer_keras.options import check_rank
+
 
 @keras.saving.register_keras_serializable(package="performer_keras")
 class ClassToken(keras.layers.Layer):
@@ -12,6 +14,7 @@ class ClassToken(keras.layers.Layer):
     """
 
     def build(self, inputs_shape):
+        check_rank("ClassToken", inputs_shape, "(batch, tokens, width)")
         self.token = self.add_weight(name="token", shape=(1, 1, int(inputs_shape[-1])), initializer="zeros")
 
     def call(self, inputs):

@@ -9,7 +9,8 @@ from keras import ops
 from performer_keras.batch_broadcast import over_batch
 from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
-from performer_keras.options import ROTATION_ORDERS, check_choice, check_finite, check_non_negative, check_positive
+from performer_keras.options import (ROTATION_ORDERS, check_choice, check_finite, check_grid_size, check_non_negative, check_positive,
+                                     check_rank)
 from performer_keras.registry import DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, compatible, normalizes_qk, positions_of, resolve
 
 
@@ -266,8 +267,8 @@ class KernelAttention(keras.layers.Layer):
         self.num_heads = check_positive("num_heads", num_heads)
         self.kernel_name = check_choice("kernel", kernel_name, KERNELS)
         self.position = check_choice("position", position, POSITIONS)
-        self.grid_size = None if grid_size is None else tuple(check_positive("grid_size", int(g)) for g in grid_size)
-        self.num_prefix_tokens = check_non_negative("num_prefix_tokens", int(num_prefix_tokens))
+        self.grid_size = None if grid_size is None else check_grid_size("grid_size", grid_size)
+        self.num_prefix_tokens = check_non_negative("num_prefix_tokens", num_prefix_tokens)
         self.num_features = check_positive("num_features", num_features)
         self.orthogonal = bool(orthogonal)
         self.redraw_interval = check_non_negative("redraw_interval", redraw_interval)
@@ -291,6 +292,9 @@ class KernelAttention(keras.layers.Layer):
                     f"rotation_order='after' rotates random features, which kernel "
                     f"{self.kernel_name!r} does not have; expected one of {(None, 'before')}"
                 )
+        if self.fused and self.kernel_name != "softmax":
+            raise ValueError(f"fused=True runs softmax through ops.dot_product_attention; kernel {self.kernel_name!r} "
+                             f"has no fused form")
         if self.position_spec.kind != "embedding" and self.grid_size is None:
             raise ValueError(f"position {self.position!r} needs grid_size=(rows, cols) of the patch grid")
         if not compatible(self.kernel_name, self.position):
@@ -333,6 +337,7 @@ class KernelAttention(keras.layers.Layer):
         return normalizes_qk(self.position, self.normalize_qk)
 
     def build(self, inputs_shape):
+        check_rank("KernelAttention", inputs_shape, "(batch, tokens, width)")
         width, tokens = int(inputs_shape[-1]), inputs_shape[-2]
         if width % self.num_heads:
             raise ValueError(f"width {width} must be divisible by num_heads={self.num_heads}")

@@ -4,6 +4,7 @@ The tables of kernels, positions and sizes are in `registry.py`.
 """
 
 import math
+import operator
 
 ROTATION_ORDERS = ("before", "after")
 
@@ -18,17 +19,25 @@ def check_choice(argument, value, choices):
 
 
 def check_positive(argument, value):
-    """Return `value` if it is an integer >= 1, else raise a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{argument} must be an integer >= 1, got {value!r}")
-    return value
+    """Return `value` as an int if it is an integer >= 1 (NumPy's too), else raise a ValueError naming it."""
+    return _integer_at_least(argument, value, 1)
 
 
 def check_non_negative(argument, value):
-    """Return `value` if it is an integer >= 0, else raise a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{argument} must be an integer >= 0, got {value!r}")
-    return value
+    """Return `value` as an int if it is an integer >= 0 (NumPy's too), else raise a ValueError naming it."""
+    return _integer_at_least(argument, value, 0)
+
+
+def _integer_at_least(argument, value, low):
+    # operator.index takes Python and NumPy integers (shape arithmetic gives the latter) and refuses floats,
+    # which int() would cut (2.5 heads to 2) without a word; True is an int to Python, not a count.
+    try:
+        integer = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        integer = None
+    if integer is None or integer < low:
+        raise ValueError(f"{argument} must be an integer >= {low}, got {value!r}")
+    return integer
 
 
 def check_fraction(argument, value):
@@ -45,3 +54,22 @@ def check_finite(argument, value, low=None, low_open=False):
     if low is not None and (value <= low if low_open else value < low):
         raise ValueError(f"{argument} must be {'>' if low_open else '>='} {low}, got {value!r}")
     return value
+
+
+def check_grid_size(argument, value):
+    """Return `value` as a (rows, cols) tuple of integers >= 1 (NumPy's too), else raise a ValueError naming it."""
+    try:
+        rows, cols = value
+        return check_positive(argument, rows), check_positive(argument, cols)
+    except (TypeError, ValueError):
+        raise ValueError(f"{argument} must be (rows, cols), two integers >= 1, got {value!r}") from None
+
+
+def check_rank(layer, shape, layout):
+    """Raise a ValueError unless `shape` has one entry per name of `layout`, e.g. "(batch, tokens, width)".
+
+    Unchecked, a wrong rank fails deep in the layer ("not enough values to
+    unpack", a backend's concat error) instead of naming the input it wants.
+    """
+    if len(shape) != layout.count(",") + 1:
+        raise ValueError(f"{layer} takes {layout} inputs, got shape {tuple(shape)}")

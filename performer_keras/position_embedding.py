@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from performer_keras.batch_broadcast import over_batch
+from performer_keras.options import check_rank
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -21,6 +22,7 @@ class PositionEmbedding(keras.layers.Layer):
         self.initializer_stddev = initializer_stddev
 
     def build(self, inputs_shape):
+        check_rank("PositionEmbedding", inputs_shape, "(batch, tokens, width)")
         self.embedding = self.add_weight(
             name="embedding",
             shape=(int(inputs_shape[1]), int(inputs_shape[2])),

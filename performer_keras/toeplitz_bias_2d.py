@@ -4,7 +4,7 @@ import numpy as np
 import keras
 from keras import ops
 
-from performer_keras.options import check_non_negative, check_positive
+from performer_keras.options import check_grid_size, check_non_negative, check_positive
 
 
 def _swap_last_axes(x):
@@ -98,9 +98,9 @@ class ToeplitzBias2D(keras.layers.Layer):
 
     def __init__(self, grid_size, num_heads, num_prefix_tokens=1, **kwargs):
         super().__init__(**kwargs)
-        self.grid_size = tuple(check_positive("grid_size", int(g)) for g in grid_size)
-        self.num_heads = check_positive("num_heads", int(num_heads))
-        self.num_prefix_tokens = check_non_negative("num_prefix_tokens", int(num_prefix_tokens))
+        self.grid_size = check_grid_size("grid_size", grid_size)
+        self.num_heads = check_positive("num_heads", num_heads)
+        self.num_prefix_tokens = check_non_negative("num_prefix_tokens", num_prefix_tokens)
 
     def build(self, values_shape=None):
         height, width = self.grid_size

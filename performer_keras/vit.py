@@ -49,7 +49,10 @@ def build_vit(
         **kernel_options: passed to every `KernelAttention` (num_features,
             redraw_interval, rotation_order, ...).
     """
-    height, img_width, channels = image_shape
+    try:
+        height, img_width, channels = (check_positive("image_shape", side) for side in image_shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"image_shape must be (height, width, channels), three integers >= 1, got {image_shape!r}") from None
     for argument, value in dict(patch_size=patch_size, width=width, depth=depth, mlp_dim=mlp_dim).items():
         check_positive(argument, value)
     # A softmax over one class is 1 whatever the image: nothing to learn.

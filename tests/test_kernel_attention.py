@@ -10,6 +10,7 @@ float64, so a 1e-4 agreement is the float32 error of the layer alone.
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
+import performer_keras as pk
 from performer_keras import KernelAttention, ToeplitzBias2D, kernel_attention
 from performer_keras.grid import grid_positions
 from performer_keras.toeplitz_bias_2d import fast_fft_length
@@ -619,6 +621,30 @@ def test_auto_takes_the_path_the_cost_model_predicts_faster():
     assert softmax.toeplitz_path_used is None
     with pytest.raises(ValueError, match="Unknown toeplitz_path 'sparse'"):
         KernelAttention(2, "favor", "kerple", grid_size=(2, 2), toeplitz_path="sparse")
+
+
+def test_fused_is_refused_for_kernels_without_a_fused_form():
+    # It was accepted and ignored: a caller asking for flash attention on favor got the explicit path silently.
+    for kernel in ("favor", "relu", "exp", "linformer"):
+        with pytest.raises(ValueError, match=f"kernel '{kernel}' has no fused form"):
+            KernelAttention(2, kernel, fused=True)
+    assert KernelAttention(2, "softmax", "kerple", grid_size=(2, 2), fused=True).fused
+
+
+@pytest.mark.parametrize("layer, shape, layout", [
+    (lambda: KernelAttention(2), (3, 5, 8, 2), "(batch, tokens, width)"),
+    (lambda: KernelAttention(2), (5, 8), "(batch, tokens, width)"),
+    (lambda: pk.ClassToken(), (5, 8), "(batch, tokens, width)"),
+    (lambda: pk.PositionEmbedding(), (2, 5, 8, 1), "(batch, tokens, width)"),
+    (lambda: pk.CirculantString(), (2, 5, 8), "(batch, heads, tokens, dim)"),
+])
+def test_layers_name_the_inputs_they_take_when_given_another_rank(layer, shape, layout):
+    # Unchecked, these failed inside the layer: "not enough values to unpack", a backend's concat error.
+    with pytest.raises(ValueError, match=re.escape(f"takes {layout} inputs, got shape {shape}")):
+        layer().build(shape)
+    if len(shape) == 2:  # what a caller sees: the call builds the layer
+        with pytest.raises(ValueError, match=re.escape(f"takes {layout} inputs")):
+            layer()(np.zeros(shape, "float32"))
 
 
 def _value_and_gradients(function, *arrays):

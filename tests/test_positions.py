@@ -230,11 +230,30 @@ def test_bad_arguments_raise_at_construction(kwargs, match):
                      id="attention-prefix-negative"),
         pytest.param(lambda: KernelAttention(num_heads=2, position="rope", grid_size=(0, 4)), r"grid_size must be",
                      id="attention-grid-0"),
+        # int() took these: 4.5 rows became 4, 2.5 heads 2.
+        pytest.param(lambda: KernelAttention(num_heads=2, position="rope", grid_size=(4.5, 4)),
+                     r"grid_size must be \(rows, cols\), two integers >= 1, got \(4.5, 4\)", id="attention-grid-float"),
+        pytest.param(lambda: ToeplitzBias2D(grid_size=GRID, num_heads=2.5), r"num_heads must be an integer >= 1, got 2.5",
+                     id="toeplitz-heads-float"),
+        pytest.param(lambda: KernelAttention(num_heads=2, num_prefix_tokens=1.5), r"num_prefix_tokens", id="prefix-float"),
+        # Not a pair: a bare int ("'int' object is not iterable") or three sides.
+        pytest.param(lambda: KernelAttention(num_heads=2, position="rope", grid_size=4), r"grid_size must be \(rows, cols\)",
+                     id="attention-grid-int"),
+        pytest.param(lambda: ToeplitzBias2D(grid_size=(2, 3, 4), num_heads=2), r"grid_size must be \(rows, cols\)",
+                     id="toeplitz-grid-3d"),
     ],
 )
 def test_position_layers_refuse_arguments_that_would_give_nan_or_empty_tables(build, match):
     with pytest.raises(ValueError, match=match):
         build()
+
+
+def test_numpy_integers_pass_where_python_integers_do():
+    # Sizes computed from array shapes are NumPy integers; the layers take them and store Python ints.
+    layer = KernelAttention(num_heads=np.int64(2), position="kerple", grid_size=np.array([2, 3]), num_prefix_tokens=np.int32(1))
+    assert (layer.num_heads, layer.grid_size, layer.num_prefix_tokens) == (2, (2, 3), 1)
+    assert all(type(value) is int for value in (layer.num_heads, *layer.grid_size, layer.num_prefix_tokens))
+    assert ToeplitzBias2D(grid_size=(np.int64(2), 3), num_heads=np.int64(2)).grid_size == (2, 3)
 
 
 @pytest.mark.parametrize(

@@ -137,6 +137,8 @@ def test_model_config_refuses_heads_that_do_not_divide_the_width():
         (dict(patch_size=0), "patch_size must be an integer >= 1"),
         (dict(depth=0), "depth must be an integer >= 1"),
         (dict(num_classes=1), "num_classes must be >= 2"),
+        (dict(image_shape=(8, 8)), r"image_shape must be \(height, width, channels\), three integers >= 1, got \(8, 8\)"),
+        (dict(image_shape=(8, 8, 0)), r"image_shape must be \(height, width, channels\)"),
     ],
 )
 def test_build_vit_refuses_a_shape_with_nothing_to_learn(kwargs, match):
