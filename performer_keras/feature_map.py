@@ -25,6 +25,10 @@ class FeatureMap(keras.layers.Layer):
     """
 
     def build(self, queries_shape, keys_shape=None):
+        # phi(q)^T phi(k) needs one projection for both; else the backend's matmul fails, naming neither.
+        if keys_shape is not None and keys_shape[-1] != queries_shape[-1]:
+            raise ValueError(f"{type(self).__name__} takes queries and keys of one width d, got {queries_shape[-1]} "
+                             f"and {keys_shape[-1]}")
         self.dim = int(queries_shape[-1])
 
     def output_dim(self, input_dim):

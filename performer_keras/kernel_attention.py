@@ -403,6 +403,11 @@ class KernelAttention(keras.layers.Layer):
             rotations = positions_of("rotation")
             raise ValueError(f"positions are used by the rotations {rotations} only; position {self.position!r} "
                              f"always uses the {self.grid_size} grid")
+        if positions is not None:
+            expected, shape = (self.grid_size[0] * self.grid_size[1], 2), tuple(positions.shape)
+            if len(shape) != 2 or any(given not in (None, wanted) for given, wanted in zip(shape, expected)):
+                raise ValueError(f"positions must be {expected}: the (row, column) of each of the {self.grid_size} grid's "
+                                 f"tokens, got shape {shape}")
         positions = self.patch_positions if positions is None else positions
         q, k, v = (split_heads(layer(inputs), self.num_heads) for layer in (self.query, self.key, self.value))
         if self.normalizes:

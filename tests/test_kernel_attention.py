@@ -356,6 +356,21 @@ def test_positions_argument_is_refused_where_it_cannot_be_used(kernel, position)
         layer(inputs(), positions=grid_positions(GRID)[::-1].astype("float32"))
 
 
+@pytest.mark.parametrize("shape", [(GRID[0] * GRID[1] - 1, 2), (GRID[0] * GRID[1], 3), (GRID[0] * GRID[1] * 2,)])
+def test_positions_of_another_shape_are_refused_by_name(shape):
+    # They failed in the backend's multiply inside the rotation ("Incompatible shapes").
+    layer = build_with_random_parameters(kernel_name="softmax", position="rope")
+    with pytest.raises(ValueError, match=re.escape(f"positions must be ({GRID[0] * GRID[1]}, 2)") + ".*"
+                       + re.escape(f"got shape {shape}")):
+        layer(inputs(), positions=np.zeros(shape, "float32"))
+
+
+def test_feature_maps_refuse_queries_and_keys_of_two_widths():
+    for features in (pk.FavorFeatures(num_features=8), pk.ReluFeatures(num_features=8), pk.ExpFeatures()):
+        with pytest.raises(ValueError, match="takes queries and keys of one width d, got 8 and 4"):
+            features(np.ones((1, 2, 5, 8), "float32"), np.ones((1, 2, 5, 4), "float32"))
+
+
 @pytest.mark.parametrize("position", ["absolute", "kerple", "rope"])
 def test_fused_softmax_matches_explicit(position):
     explicit = build_with_random_parameters(kernel_name="softmax", position=position, rope_mixed=True)
