@@ -39,6 +39,7 @@ import numpy as np
 
 from experiments import atomic, significance
 from experiments.history import read_history, validation_curve
+from experiments.metrics import read_metrics
 from experiments.run_config import EXECUTION_FIELDS
 from performer_keras.registry import POSITIONS, main_kernels, normalizes_qk
 
@@ -135,11 +136,14 @@ def aggregate_cell(root, cell):
     """
     runs, configs, curves, commits, xla, minutes = {}, {}, [], {}, {}, {}
     for seed, folder in sorted(seed_folders(Path(root) / cell["directory"]).items()):
+        metrics = read_metrics(folder)
         try:
-            metrics = json.loads((folder / "metrics.json").read_text())
-            configs[seed] = json.loads((folder / "config.json").read_text())
+            config = json.loads((folder / "config.json").read_text())
         except (OSError, ValueError):
-            continue  # unfinished, or being written by a running benchmark
+            config = None
+        if metrics is None or config is None:
+            continue  # unfinished, or a file of it damaged (`read_metrics`)
+        configs[seed] = config
         runs[seed] = {key: metrics.get(key) for key in PER_SEED}
         sessions = read_sessions(folder)
         commits[str(seed)] = list(dict.fromkeys(str(session.get("commit")) for session in sessions))

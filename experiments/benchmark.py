@@ -59,6 +59,7 @@ from experiments.aggregate import BASELINE, queue_part, ran_with_xla, read_sessi
 from experiments.benchmark_profiles import get_profile
 from experiments.cli import SELECTION_OPTIONS, fail, interruptible, out_of_memory, parser
 from experiments.history import read_history
+from experiments.metrics import read_metrics
 from experiments.run_config import RunError
 from performer_keras.options import check_choice
 
@@ -221,7 +222,7 @@ def all_jobs(profile, results_dir, selected=()):
 
 
 def is_finished(job, root):
-    return (job.folder(root) / "metrics.json").is_file()
+    return read_metrics(job.folder(root)) is not None
 
 
 def expected_seconds(job, root, statistic=max, device=None):
@@ -276,10 +277,7 @@ def expected_seconds(job, root, statistic=max, device=None):
 
 def run_device(folder):
     """The device a finished run's metrics.json names, None if it names none or cannot be read."""
-    try:
-        return json.loads((Path(folder) / "metrics.json").read_text()).get("device")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return (read_metrics(folder) or {}).get("device")
 
 
 def forecast_basis(device, on_device, finished):

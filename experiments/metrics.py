@@ -4,8 +4,10 @@ Pure numpy and csv (no Keras), so every formula is tested by hand on tiny
 examples (`tests/test_evaluation.py`).
 """
 
+import json
 import math
 import statistics
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +22,21 @@ ACCURACY_THRESHOLDS = (0.90, 0.95, 0.99)
 CALIBRATION_BINS = 15
 # Keras logs float32 accuracies: 450/500 arrives as 0.8999999761581421.
 _FLOAT32_SLACK = 1e-6
+
+
+def read_metrics(folder):
+    """A finished run's metrics.json as a dict; None where it is missing or cannot be read.
+
+    It is the run's last write, and atomic (`atomic.write_json`), so an
+    unreadable one was damaged later (an edit, a disk): the run then counts as
+    unfinished everywhere, and its command, run again, measures it again
+    without training (`training.training_finished`).
+    """
+    try:
+        metrics = json.loads((Path(folder) / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return metrics if isinstance(metrics, dict) else None
 
 
 def classification_metrics(labels, probabilities, num_params, label_names=None):

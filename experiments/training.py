@@ -32,6 +32,7 @@ import keras
 import performer_keras
 from experiments import checkpoints, data, event_logs, history, pipelines
 from experiments.atomic import write_json
+from experiments.metrics import read_metrics
 from performer_keras.registry import create_model, model_config
 from performer_keras.smoothed_sparse_crossentropy import SmoothedSparseCrossentropy
 from experiments.run_config import RunError
@@ -300,7 +301,10 @@ def train(config, out_dir, verbose="auto", export_dir=None, distribute="none"):
     check_distribution(distribute, config.batch_size)
     out_dir = check_run_folder(config, out_dir)
     if export_dir is None and (out_dir / "metrics.json").exists():
-        return read_json(out_dir / "metrics.json")
+        metrics = read_metrics(out_dir)
+        if metrics is not None:
+            return metrics
+        print(f"{out_dir / 'metrics.json'} cannot be read: measuring the run again")
     if export_dir is not None:
         # Also for a finished run: exporting it later is rerunning its command with --export.
         check_export_folder(export_dir, out_dir)

@@ -248,6 +248,21 @@ def fake_run(folder, config, accuracy, val_curve, test_examples=None, device="cp
         writer.writerows([epoch, v, v, metrics["train_seconds_per_epoch"]] for epoch, v in enumerate(val_curve))
 
 
+def test_a_run_with_a_damaged_metrics_json_is_queued_again_and_missing_from_the_report(tmp_path):
+    # The queue took it for finished (metrics.json existed) while the report counted it missing, so it never ran.
+    profile = get_profile("small")
+    jobs = benchmark.plan(profile, tmp_path, variants=["softmax-absolute"], datasets=["mnist"], seeds=[0, 1],
+                          experiments=("variants",))
+    root = benchmark.profile_root(tmp_path, profile)
+    for job in jobs:
+        fake_run(job.folder(root), job.config, 0.9, [0.5, 0.9])
+    (jobs[1].folder(root) / "metrics.json").write_text('{"test_accuracy": 0.9')
+    assert [benchmark.is_finished(job, root) for job in jobs] == [True, False]
+    assert benchmark.run_device(jobs[1].folder(root)) is None
+    cell = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))["cells"][0]
+    assert cell["seeds"]["finished"] == [0] and cell["seeds"]["missing"] == [1]
+
+
 def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
     profile = get_profile("small")
     jobs = benchmark.plan(profile, tmp_path, variants=["softmax-absolute", "favor-absolute"], datasets=["mnist"], seeds=[0, 1])

@@ -8,6 +8,7 @@ kill -9 test and evaluate.py run as real subprocesses.
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,6 +77,19 @@ def test_run_folder_and_evaluate_py(softmax_run):
     assert again["confusion_matrix"] == trained["confusion_matrix"]
     for key in ("test_accuracy", "log_likelihood", "aic", "bic", "params", "flops_per_image"):
         assert again[key] == pytest.approx(trained[key], rel=1e-6), key
+
+
+def test_a_damaged_metrics_json_is_measured_again_without_training(softmax_run, tmp_path):
+    # metrics.json is a run's last, atomic write, so damage came later (an edit, a disk); train.py read it back
+    # and stopped with a JSONDecodeError traceback.
+    run = tmp_path / "run"
+    shutil.copytree(softmax_run, run)
+    before = {name: (run / name).read_bytes() for name in ("history.csv", "provenance.json", "best.keras")}
+    (run / "metrics.json").write_text("{")
+    result = run_script(*TINY, "--epochs", "1", "--out", run)
+    assert f"{run / 'metrics.json'} cannot be read: measuring the run again" in result.stdout
+    assert metrics(run)["test_accuracy"] == metrics(softmax_run)["test_accuracy"]
+    assert {name: (run / name).read_bytes() for name in before} == before  # no epoch trained, no session added
 
 
 def test_hparams_and_scalars_logged_for_tensorboard(softmax_run):
