@@ -243,9 +243,8 @@ def expected_seconds(job, root, statistic=max, device=None):
     slowest).
     """
     def like_job(folder):
-        if not (folder / "metrics.json").is_file():
-            return False
-        if device is not None and run_device(folder) != device:
+        metrics = read_metrics(folder)
+        if metrics is None or (device is not None and metrics.get("device") != device):
             return False
         try:
             if not isinstance(job.config.jit_compile, bool):
@@ -275,11 +274,6 @@ def expected_seconds(job, root, statistic=max, device=None):
     return first + later * (left - 1) if left > 0 else 0.0
 
 
-def run_device(folder):
-    """The device a finished run's metrics.json names, None if it names none or cannot be read."""
-    return (read_metrics(folder) or {}).get("device")
-
-
 def forecast_basis(device, on_device, finished):
     """The forecast's rule in words, naming the device it forecasts for (`forecast`)."""
     basis = ("each queued run at the median first epoch (which compiles) and median later epoch of the finished "
@@ -307,7 +301,8 @@ def forecast(jobs, root, profile):
     runs of `jobs` ran on, from that device's runs where it has any.
     """
     runs = unique_runs(jobs, root)
-    devices = [run_device(job.folder(root)) for job in runs if is_finished(job, root)]
+    finished = [metrics for metrics in (read_metrics(job.folder(root)) for job in runs) if metrics is not None]
+    devices = [metrics.get("device") for metrics in finished]
     device, on_device = max(((name, devices.count(name)) for name in set(devices) - {None}),
                             key=lambda pair: (pair[1], pair[0]), default=(None, 0))
     minutes, parts = {}, {}
