@@ -12,7 +12,8 @@ metrics.json) of every planned cell and returns one JSON-ready dict:
   epoch and inference ms per image; parameters and FLOPs (equal for every
   seed); epochs to 90/95/99% validation accuracy (mean over the seeds that
   got there, and how many did); the validation accuracy curve's mean and std
-  per epoch;
+  per epoch, and its largest fall below its best earlier epoch (per seed with
+  its epoch, and summarised: a collapse the run recovered from);
 * paired comparisons over the seeds two cells share: d_s = acc_s(cell) -
   acc_s(baseline), summarised like a metric. Seed s of two variants shares
   its data order, so pairing removes the seed's own luck from the gap.
@@ -38,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import atomic, significance
-from experiments.history import read_history, validation_curve
+from experiments.history import largest_fall, read_history, validation_curve
 from experiments.metrics import read_metrics
 from experiments.run_config import EXECUTION_FIELDS
 from performer_keras.registry import POSITIONS, main_kernels, normalizes_qk
@@ -150,6 +151,7 @@ def aggregate_cell(root, cell):
         xla[str(seed)] = ran_with_xla(configs[seed], sessions)
         history = read_history(folder / "history.csv")
         curves.append(validation_curve(history))
+        runs[seed]["val_fall"] = largest_fall(curves[-1])
         minutes[str(seed)] = sum(float(row["epoch_seconds"]) for row in history) / 60
     result = dict(cell)
     result["seeds"] = {"planned": list(cell["seeds"]), "finished": sorted(runs),
@@ -171,6 +173,7 @@ def aggregate_cell(root, cell):
     for key in EPOCHS_TO:
         result[key] = epochs_to_summary([values[key] for values in runs.values()])
     result["val_accuracy_curve"] = curve_summary(curves)
+    result["val_fall"] = summarize([(values["val_fall"] or {}).get("fall") for values in runs.values()])
     # All seeds are scored on the same test images, so this error does not shrink with more seeds.
     test_examples = next((values["test_examples"] for values in runs.values() if values["test_examples"]), None)
     mean_accuracy = (result["test_accuracy"] or {}).get("mean")

@@ -26,6 +26,23 @@ def validation_curve(rows):
     return [int(row["epoch"]) + 1 for row in rows], [float(row["val_accuracy"]) for row in rows]
 
 
+def largest_fall(curve):
+    """{"fall", "epoch"}: the deepest drop of a `validation_curve` below its best earlier epoch; None when empty.
+
+    fall = max over epochs t of (max_{s <= t} acc_s) - acc_t, in accuracy units
+    (0 for a curve that never drops below its best so far), and the 1-based
+    epoch t of that low (the first, on a tie). A run that collapses and
+    recovers ends at a good accuracy; this keeps the collapse visible.
+    """
+    epochs, accuracies = curve
+    best, fall, low = float("-inf"), 0.0, None
+    for epoch, accuracy in zip(epochs, accuracies):
+        best = max(best, accuracy)
+        if low is None or best - accuracy > fall:
+            fall, low = best - accuracy, epoch
+    return None if low is None else {"fall": fall, "epoch": low}
+
+
 def cut_history(path, epochs):
     """Keep the rows of epochs < `epochs` (atomically); return the best val_accuracy among them."""
     rows = read_history(path)

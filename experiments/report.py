@@ -78,6 +78,17 @@ def accuracy_text(cell):
     return f"{_pct(summary['mean'])}{spread}{ci} ({_count(cell)})"
 
 
+def fall_text(cell):
+    """Each seed's largest validation fall, points (epoch of the low): "0: 38.04 (2), 2: 0.12 (6)"; "–" without runs.
+
+    Beside the final accuracy it tells a run that collapsed and recovered from
+    one that never fell (`history.largest_fall`).
+    """
+    falls = [(int(seed), values.get("val_fall")) for seed, values in cell["per_seed"].items()]
+    parts = [f"{seed}: {100 * fall['fall']:.2f} ({fall['epoch']})" for seed, fall in sorted(falls) if fall]
+    return ", ".join(parts) or "–"
+
+
 def gap_text(gap):
     """A paired difference in percentage points: "-1.23 [-2.50, 0.04] (3 pairs)"."""
     if not gap or "mean" not in gap:
@@ -131,7 +142,7 @@ def _timings(cell):
 def detail_table(cells):
     header = ["variant", "accuracy % (mean ± std)", "95% CI", "test SE %", "min–max", "macro F1 %", "NLL nats/img",
               "ECE %", "log-lik.", "AIC", "BIC", "params", "MFLOPs/img", "s/epoch", "ms/img b1", "ms/img b256",
-              "timed on (runs)", "epochs to 90/95/99% val"]
+              "timed on (runs)", "epochs to 90/95/99% val", "largest val fall, seed: points (epoch)"]
     rows = []
     for c in cells:
         acc = c["test_accuracy"]
@@ -146,7 +157,7 @@ def detail_table(cells):
             _mean(c.get("nll_per_image"), digits=4), _mean(c.get("expected_calibration_error"), 100, 2),
             _mean(c["log_likelihood"]), _mean(c["aic"]), _mean(c["bic"]),
             _number(c["params"], 0), _number(None if c["flops_per_image"] is None else c["flops_per_image"] / 1e6, 2),
-            *_timings(c), _epochs_to(c),
+            *_timings(c), _epochs_to(c), fall_text(c),
         ])
     return table_lines(header, rows)
 
@@ -362,13 +373,19 @@ def learning_rate_lines(aggregated):
     own = {(c["dataset"], c["variant"]): c for c in _by(aggregated["cells"], "variants")}
     rates = {(c["config"] or {}).get("learning_rate") for c in own.values() if c["config"]} - {None}
     own_text = " or ".join(f"{r:g}" for r in sorted(rates)) or "the profile's"
-    rows = [[dataset_name(c["dataset"]), c["variant"],
-             accuracy_text(own[key]) if (key := (c["dataset"], c["variant"])) in own else "–",
-             f"{c['setting']['learning_rate']:g}", accuracy_text(c)] for c in cells]
+    rows = []
+    for c in cells:
+        base = own.get((c["dataset"], c["variant"]))
+        rows.append([dataset_name(c["dataset"]), c["variant"], accuracy_text(base) if base else "–",
+                     f"{c['setting']['learning_rate']:g}", accuracy_text(c), fall_text(base) if base else "–",
+                     fall_text(c)])
     lines = ["## Ablation: the peak learning rate", "",
              f"The profile's schedule (warm-up, then cosine decay) with another peak learning rate than its own "
-             f"({own_text}). Test accuracy %, as in the main table (the profile's-rate column is the main table's row):", ""]
-    lines += table_lines(["dataset", "variant", "at the profile's rate", "rate", "at this rate"], rows) + [""]
+             f"({own_text}). Test accuracy %, as in the main table (the profile's-rate column is the main table's "
+             "row), and each seed's largest fall of validation accuracy below its best earlier epoch (seed: points, "
+             "the epoch of the low in brackets):", ""]
+    lines += table_lines(["dataset", "variant", "at the profile's rate", "rate", "at this rate",
+                          "fall at the profile's rate", "fall at this rate"], rows) + [""]
     keys = {"change_from_profile_rate": "this rate − the profile's", "gap_to_softmax_same_rate": "gap to softmax",
             "gap_closed_by_rate": "gap closed by the rate"}
     contrasts = [[dataset_name(c["dataset"]), c["variant"], f"{c['setting']['learning_rate']:g}", words,
@@ -383,24 +400,31 @@ def learning_rate_lines(aggregated):
 
 
 def normalization_lines(aggregated):
-    """The position x q/k normalisation 2 x 2: accuracies, then its paired contrasts."""
+    """The position x q/k normalisation 2 x 2: accuracies, validation falls, then its paired contrasts."""
     switched = _by(aggregated["cells"], "normalize_qk")
     if not switched:
         return []
     index = normalization_index(aggregated["cells"])
     positions = relative_positions(key for key, cell in index.items() if cell["experiment"] == "normalize_qk")
     columns = [("absolute", False), ("absolute", True)] + [(p, n) for p in positions for n in (True, False)]
-    rows = []
-    for dataset, kernel in dict.fromkeys((c["dataset"], c["variant"].partition("-")[0]) for c in switched):
-        rows.append([dataset_name(dataset), kernel] + [
-            accuracy_text(index[key]) if (key := (dataset, kernel, p, n)) in index else "–" for p, n in columns])
+    kernels = dict.fromkeys((c["dataset"], c["variant"].partition("-")[0]) for c in switched)
+
+    def grid(text):
+        """One row per (dataset, kernel), `text(cell)` in each column's cell."""
+        return [[dataset_name(dataset), kernel] + [text(index[key]) if (key := (dataset, kernel, p, n)) in index
+                                                   else "–" for p, n in columns] for dataset, kernel in kernels]
+
     norms = sorted({(c["config"] or {}).get("qk_norm", LATER_FIELDS["qk_norm"])
                     for (*_, normalized), c in index.items() if normalized and c["config"]})
     norm_text = " or ".join(f"{n:g} √d" for n in norms) or "the profile's qk_norm × √d"
     lines = ["## Ablation: the position against q/k normalisation", "",
              f"kerple rows normalise q and k (to norm {norm_text}), the other positions do not; these rows switch it, so the position's effect can be read at a fixed normalisation. Test "
              "accuracy %, as in the main table (the default-normalisation columns are the main table's rows):", ""]
-    lines += table_lines(["dataset", "kernel"] + [f"{p}, norm {'on' if n else 'off'}" for p, n in columns], rows) + [""]
+    header = ["dataset", "kernel"] + [f"{p}, norm {'on' if n else 'off'}" for p, n in columns]
+    lines += table_lines(header, grid(accuracy_text)) + [""]
+    lines += ["Each seed's largest fall of validation accuracy below its best earlier epoch (seed: points, the epoch "
+              "of the low in brackets): a collapse that the final accuracy hides when the run recovers.", ""]
+    lines += table_lines(header, grid(fall_text)) + [""]
     contrasts = aggregated.get("normalization") or []
     if contrasts:
         lines += [f"Paired contrasts, percentage points [{round(100 * aggregated['confidence'])}% CI], two-sided p, MDE; "
