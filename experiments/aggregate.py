@@ -266,7 +266,7 @@ def add_comparisons(cells):
                 cell[key] = _compare(cell, rows.get((cell["dataset"], baseline)), baseline)
             others = [rows.get((cell["dataset"], v)) for v in (f"softmax-{position}", f"{kernel}-absolute", BASELINE)]
             if position != "absolute" and kernel != "softmax" and all(others):
-                cell["interaction"] = _compare(cell, others[0], f"(softmax-{position}) - ({kernel}-absolute - {BASELINE})",
+                cell["interaction"] = _compare(cell, others[0], f"softmax-{position} + ({kernel}-absolute - {BASELINE})",
                                                minus=others[1:])
         elif cell["experiment"] == "init_from":
             scratch = rows.get((cell["dataset"], cell["variant"]))
@@ -280,7 +280,7 @@ def add_comparisons(cells):
                 cell["gap_to_softmax_same_rate"] = _compare(cell, softmax, f"softmax-{position} at {rate:g}")
                 cell["gap_closed_by_rate"] = _compare(
                     cell, softmax,
-                    f"(softmax-{position} at {rate:g}) - ({cell['variant']} - softmax-{position}, the profile's rate)",
+                    f"softmax-{position} at {rate:g} + ({cell['variant']} - softmax-{position}, the profile's rate)",
                     minus=(profile_rate, rows.get((cell["dataset"], f"softmax-{position}"))))
     return cells
 
@@ -336,7 +336,7 @@ def normalization_contrasts(cells):
                                 name(p, on, "softmax")) for p in ("absolute", position)]
                     others = [cell(position, on, "softmax"), cell("absolute", on), cell("absolute", on, "softmax")]
                     wanted.append((f"gap closed by {position}, q/k norm {state}", cell(position, on), others,
-                                   f"(softmax-{position}) - ({kernel}-absolute - softmax-absolute), all q/k norm {state}"))
+                                   f"softmax-{position} + ({kernel}-absolute - softmax-absolute), all q/k norm {state}"))
         for contrast, first, rest, baseline in {w[0]: w for w in wanted}.values():
             rest = rest if isinstance(rest, list) else [rest]
             if first is None or not all(rest):
@@ -351,7 +351,9 @@ def _compare(cell, other, baseline, minus=()):
     """The paired accuracy difference cell - other, named by `baseline`; None without `other`.
 
     With `minus` = (a, b) the difference of differences (cell - other) - (a - b),
-    an interaction; None unless every cell exists.
+    an interaction; None unless every cell exists. `baseline` names what the
+    cell is measured against, so that the difference reads "cell - baseline"
+    with its signs: for an interaction "other + (a - b)".
     """
     cells = [cell, other, *minus]
     if not all(cells):

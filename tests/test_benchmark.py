@@ -513,6 +513,8 @@ def test_the_reference_profile_reads_rope_at_a_fixed_normalisation_too(tmp_path)
     assert contrasts[("favor", "gap closed by rope, q/k norm on")]["mean"] == pytest.approx(0.0, abs=1e-12)
     # Unnormalised: (.960-.990)-(.970-.980) = -.020, (.970-.991)-(.975-.990) = -.006, (.975-.989)-(.980-.985) = -.009.
     assert contrasts[("favor", "gap closed by rope, q/k norm off")]["mean"] == pytest.approx(-0.035 / 3)
+    assert contrasts[("favor", "gap closed by rope, q/k norm off")]["baseline"] == (
+        "softmax-rope + (favor-absolute - softmax-absolute), all q/k norm off")
     readme = report.render(result, {})
     assert "| dataset | kernel | absolute, norm off | absolute, norm on | rope, norm on | rope, norm off | kerple, norm on" in readme
     falls, none = "0: 30.00 (2), 1: 30.00 (2), 2: 30.00 (2)", "0: 0.00 (1), 1: 0.00 (1), 2: 0.00 (1)"
@@ -551,6 +553,8 @@ def test_learning_rate_rows_read_the_gap_at_their_own_rate(tmp_path):
     # Gap closed: (-.001 - (.975 - .988), -.004 - (.980 - .987), .002 - (.970 - .989)) = (.012, .003, .021).
     assert favor["gap_closed_by_rate"]["mean"] == pytest.approx(0.036 / 3)
     assert favor["gap_closed_by_rate"]["seeds"] == [0, 1, 2]
+    assert favor["gap_closed_by_rate"]["baseline"] == (
+        "softmax-absolute at 0.0005 + (favor-absolute - softmax-absolute, the profile's rate)")
     softmax = rows[("learning_rate", "softmax-absolute")]
     assert softmax["change_from_profile_rate"]["mean"] == pytest.approx(-0.005 / 3)
     assert "gap_to_softmax_same_rate" not in softmax and "gap_closed_by_rate" not in softmax
@@ -598,6 +602,8 @@ def test_paired_statistics_holm_and_interaction_by_hand(tmp_path):
     # t = 2.5, interval +- 4.302653 x .011547 / sqrt 3 = +- .028684.
     interaction = cells["favor-rope"]["interaction"]
     assert interaction["seeds"] == [0, 1, 2]
+    # Named as what the row is measured against: favor-rope - that = the interaction, signs included.
+    assert interaction["baseline"] == "softmax-rope + (favor-absolute - softmax-absolute)"
     assert interaction["mean"] == pytest.approx(0.0166667, abs=1e-6)
     assert interaction["ci95"] == pytest.approx([0.0166667 - 0.028684, 0.0166667 + 0.028684], abs=1e-5)
     assert interaction["p_value"] == pytest.approx(p(2.5), abs=1e-6)
