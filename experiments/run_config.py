@@ -5,7 +5,8 @@ import json
 
 from experiments.cli import MAX_SEED
 from performer_keras.options import ROTATION_ORDERS, check_choice, check_finite, check_fraction, check_non_negative, check_positive
-from performer_keras.registry import DEFAULT_QK_NORM, SIZES, list_variants, model_config, normalizes_qk, parse_variant
+from performer_keras.registry import (DEFAULT_QK_NORM, SIZES, ignored_options, list_variants, model_config, normalizes_qk,
+                                      parse_variant)
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 AUGMENTATIONS = ("none", "rotate", "rotate_shift", "crop_flip")
@@ -111,6 +112,11 @@ class RunConfig:
         if self.batch_size > train_examples:
             raise RunError(f"batch_size {self.batch_size} exceeds the {train_examples} training examples of {self.dataset}")
 
+    def ignored(self, names):
+        """{name: which variants read it} for the fields `names` that this run's variant ignores."""
+        ignored = ignored_options(self.attention, self.position, self.normalize_qk)
+        return {name: ignored[name] for name in names if name in ignored}
+
     @property
     def attention(self):
         return parse_variant(self.variant)[0]
@@ -155,12 +161,15 @@ class RunConfig:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def from_args(cls, args):
+    def from_args(cls, args, strict=True):
         """The run an `experiments.cli.RUN_OPTIONS` command line describes: defaults < --hparams < flags.
 
         `--attention`/`--position` are an alternative to `--variant`; a missing
         one defaults to softmax or absolute. `--limit all` lifts a limit that the
-        --hparams file sets.
+        --hparams file sets. If `strict`, a flag that the variant ignores
+        (`--num-features` for softmax, `--qk-norm` without normalised q and k)
+        is a RunError rather than a silent no-op; a --hparams file may hold any
+        field (a tuner's holds them all).
         """
         variant, attention, position = (getattr(args, name, None) for name in ("variant", "attention", "position"))
         if attention or position:
@@ -172,8 +181,17 @@ class RunConfig:
         if lift_limit:
             explicit["limit"] = None
         config = cls.from_sources(getattr(args, "hparams", None), variant=variant, **explicit)
+        ignored = config.ignored(cls.given(args)) if strict else {}
+        if ignored:
+            name, readers = next(iter(ignored.items()))
+            raise RunError(f"--{name.replace('_', '-')} changes nothing in {config.variant}; it applies to {readers}")
         # from_sources reads None as "not given", so lifting a file's limit comes after it.
         return dataclasses.replace(config, limit=None) if lift_limit else config
+
+    @classmethod
+    def given(cls, args):
+        """The fields that a parsed command line sets (argparse leaves the others None)."""
+        return [name for name in cls.fields() if getattr(args, name, None) is not None]
 
     @classmethod
     def from_sources(cls, hparams_file=None, **explicit):

@@ -185,6 +185,40 @@ def compatible(kernel, position):
     return KERNEL_TABLE[kernel].pairwise or POSITION_TABLE[position].kind != "bias"
 
 
+# The `KernelAttention` options that only some variants read (the others ignore them).
+SELECTIVE_OPTIONS = ("num_features", "orthogonal", "redraw_interval", "deterministic", "rotation_order", "rope_mixed",
+                     "qk_norm", "learn_qk_norm", "linformer_dim")
+
+
+def ignored_options(kernel, position, normalize_qk=None):
+    """{option: which variants read it} for the `SELECTIVE_OPTIONS` that variant (kernel, position) ignores.
+
+    Setting one of them changes nothing in that variant's model, so a command
+    line that sets one for it asks for something it will not get.
+    """
+    spec, place = KERNEL_TABLE[kernel], POSITION_TABLE[position]
+    read = {*spec.options, *(attribute for _, attribute in place.options)}
+    if place.kind == "rotation" and spec.linear:
+        read.add("rotation_order")  # softmax has no feature map to rotate after
+    if normalizes_qk(position, normalize_qk):
+        read.update(("qk_norm", "learn_qk_norm"))
+    if not spec.pairwise:
+        read.add("linformer_dim")
+    return {option: _readers(option) for option in SELECTIVE_OPTIONS if option not in read}
+
+
+def _readers(option):
+    """Which variants read `option` of `SELECTIVE_OPTIONS`, in words."""
+    if option == "rotation_order":
+        return f"a linear kernel ({', '.join(linear_kernels())}) with a rotation ({', '.join(positions_of('rotation'))})"
+    if option in ("qk_norm", "learn_qk_norm"):
+        return "normalised q and k (normalize_qk, on by default for kerple)"
+    if option == "linformer_dim":
+        return ", ".join(name for name, kernel in KERNEL_TABLE.items() if not kernel.pairwise)
+    return ", ".join([name for name, kernel in KERNEL_TABLE.items() if option in kernel.options]
+                     + [name for name, place in POSITION_TABLE.items() if option in dict(place.options).values()])
+
+
 def model_config(size="reference", **overrides):
     """The `build_vit` arguments of `size` (a row of `SIZES`) with `overrides`; ValueError if the heads do not
     divide the width."""

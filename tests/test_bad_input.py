@@ -88,6 +88,10 @@ CASES = {
     "train rope on a head width of 3": (train.main, [*TINY, "--variant", "favor-rope", "--width", "18", "--heads", "6"],
                                         "divisible by 4"),
     "train unknown dataset": (train.main, [*TINY, "--dataset", "no_such_dataset_xyz"], "mnist"),
+    "train --qk-norm without normalised q and k": (train.main, [*TINY, "--qk-norm", "0.5"],
+                                                   "--qk-norm changes nothing in softmax-absolute"),
+    "train --rotation-order without a rotation": (train.main, [*TINY, "--variant", "favor-absolute", "--rotation-order",
+                                                               "after"], "--rotation-order changes nothing"),
     "train --out an empty string": (train.main, [*TINY, "--out", ""], "empty string"),
     "train --dataset an empty string": (train.main, [*TINY, "--dataset", ""], "empty string"),
     # evaluate.py

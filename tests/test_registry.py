@@ -16,7 +16,8 @@ import pytest
 from keras import ops
 
 import performer_keras as pk
-from performer_keras.registry import KERNEL_TABLE, Kernel, linear_kernels, list_variants, model_config, register_kernel
+from performer_keras.registry import (KERNEL_TABLE, SELECTIVE_OPTIONS, Kernel, ignored_options, linear_kernels, list_variants,
+                                      model_config, parse_variant, register_kernel)
 
 from layer_test_case import run_layer_test, to_numpy
 
@@ -145,3 +146,46 @@ def test_build_vit_refuses_a_shape_with_nothing_to_learn(kwargs, match):
     arguments = dict(image_shape=(8, 8, 1), num_classes=3, width=8, depth=1, heads=2, mlp_dim=8, patch_size=4)
     with pytest.raises(ValueError, match=match):
         pk.build_vit(**{**arguments, **kwargs})
+
+
+# A value of each selective option other than KernelAttention's default.
+OTHER_VALUES = {"num_features": 8, "orthogonal": False, "redraw_interval": 3, "deterministic": True, "rope_mixed": True,
+                "qk_norm": 1.0, "learn_qk_norm": False, "linformer_dim": 5}
+
+
+def attention_behaviour(kernel, position, **options):
+    """The output of a small KernelAttention at its initial weights, and its weights' names and shapes."""
+    keras.utils.set_random_seed(0)
+    layer = pk.KernelAttention(2, kernel, position, grid_size=(2, 3), seed=1, **{"num_features": 16, **options})
+    tokens = np.random.default_rng(0).normal(size=(2, 7, 8)).astype("float32")
+    return to_numpy(layer(tokens)), sorted((w.path.partition("/")[2], tuple(w.shape)) for w in layer.weights)
+
+
+@pytest.mark.parametrize("variant", list_variants(extra=True))
+def test_an_option_is_called_ignored_exactly_where_setting_it_changes_nothing(variant):
+    # The brute-force check of `ignored_options`: build the layer with each option moved off its default and
+    # see whether its output or its weights moved.
+    kernel, position = parse_variant(variant)
+    output, weights = attention_behaviour(kernel, position)
+    ignored = ignored_options(kernel, position)
+    for option in SELECTIVE_OPTIONS:
+        if option == "rotation_order":  # the other order; softmax has only "before"
+            default = KERNEL_TABLE[kernel].rotation_order
+            value = "before" if default == "after" or not KERNEL_TABLE[kernel].linear else "after"
+        else:
+            value = OTHER_VALUES[option]
+        changed_output, changed_weights = attention_behaviour(kernel, position, **{option: value})
+        changes = changed_weights != weights or not np.allclose(changed_output, output, rtol=0, atol=1e-6)
+        assert changes == (option not in ignored), (option, value)
+
+
+def test_every_selective_option_is_read_by_some_variant_and_says_by_which():
+    read_somewhere = set()
+    for variant in list_variants(extra=True):
+        read_somewhere |= set(SELECTIVE_OPTIONS) - set(ignored_options(*parse_variant(variant)))
+    assert read_somewhere == set(SELECTIVE_OPTIONS)
+    ignored = ignored_options("softmax", "absolute")
+    assert ignored["num_features"] == "favor, relu" and ignored["deterministic"] == "relu"
+    assert ignored["rope_mixed"] == "rope" and ignored["linformer_dim"] == "linformer"
+    assert "qk_norm" not in ignored_options("softmax", "absolute", normalize_qk=True)
+    assert "qk_norm" in ignored_options("softmax", "kerple", normalize_qk=False)

@@ -227,6 +227,7 @@ def snapshot(folder):
     (["favor-rope", "--algorithm", "grid"], "Unknown algorithm 'grid'"),
     (["favor-rope", "--epochs", "many"], "argument --epochs: expected a whole number >= 1, got 'many'"),
     ([], "give a VARIANT"),
+    (["softmax-rope", "--num-features", "32"], "--num-features changes nothing in softmax-rope; it applies to favor, relu"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(argv, message, capsys, tmp_path):
     try:
@@ -247,6 +248,21 @@ def test_a_different_search_in_the_same_folder_is_refused(search, change, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds a different search" in err
     assert snapshot(search) == before
+
+
+def test_a_sweep_refuses_a_flag_that_none_of_its_variants_reads(tmp_path, capsys):
+    from tuning.sweep import main as sweep
+
+    flags = [*SEARCH[1:], "--no-orthogonal", "--out", str(tmp_path)]
+    assert sweep(["--variants", "softmax-rope", "exp-rope", *flags]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m tuning.sweep: error: no variant of the sweep reads ['--orthogonal']")
+    # favor-rope reads it, so the sweep takes it (softmax-rope ignores it) and goes on to its folders.
+    (tmp_path / "softmax-rope").mkdir()
+    (tmp_path / "softmax-rope" / "notes.txt").write_text("mine")
+    assert sweep(["--variants", "softmax-rope", "favor-rope", *flags]) == 2
+    assert "holds no search" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["softmax-rope"]
 
 
 def test_a_folder_that_holds_something_else_is_refused(tmp_path, capsys):

@@ -31,13 +31,18 @@ SEARCH_OPTIONS = (*RUN_OPTIONS, "algorithm", "max-trials", "space", "space-file"
 
 
 def make_search(args, variant, strict=True):
-    """The `Search` of `variant` that the parsed `args` describe."""
+    """The `Search` of `variant` that the parsed `args` describe.
+
+    With `strict`, a flag or a --space entry that the variant ignores is an
+    error; a sweep over several variants passes strict=False and each variant
+    takes what it uses.
+    """
     from experiments.run_config import RunConfig
     from tuning import search_spaces
     from tuning.search import Search, check_not_fixed
 
     args = argparse.Namespace(**{**vars(args), "variant": variant})
-    config = RunConfig.from_args(args)
+    config = RunConfig.from_args(args, strict=strict)
     overrides = search_spaces.parse_overrides(args.space, args.space_file)
     space = search_spaces.space_for(config, overrides, strict=strict)
     check_not_fixed(space, {name: getattr(args, name, None) for name in space})

@@ -105,6 +105,7 @@ def main(argv=None):
 
     def sweep():
         args = cli.parse_args(argv)
+        from experiments.run_config import RunConfig
         from tuning import search_spaces
         from tuning.search import SearchError, check_search_folder
 
@@ -117,6 +118,9 @@ def main(argv=None):
         }
         if unused:
             raise SearchError(f"no variant of the sweep uses {sorted(unused)}")
+        unread = set.intersection(*(set(search.base_config.ignored(RunConfig.given(args))) for search in searches))
+        if unread:
+            raise SearchError(f"no variant of the sweep reads {sorted('--' + name.replace('_', '-') for name in unread)}")
         root = Path(args.out or Path("tuning_results") / searches[0].base_config.dataset)
         for search in searches:  # refuse before any search starts
             check_search_folder(search, root / search.base_config.variant)
