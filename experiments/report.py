@@ -324,28 +324,7 @@ def answer_lines(aggregated):
 
 
 def ablation_lines(aggregated):
-    lines = []
-    cells = _by(aggregated["cells"], "num_features")
-    if cells:
-        values = sorted({c["setting"]["num_features"] for c in cells})
-        index = {(c["dataset"], c["variant"], c["setting"]["num_features"]): c for c in cells}
-        rows = []
-        for dataset, variant in dict.fromkeys((c["dataset"], c["variant"]) for c in cells):
-            rows.append([dataset_name(dataset), variant] + [
-                accuracy_text(index[(dataset, variant, m)]) if (dataset, variant, m) in index else "–" for m in values
-            ])
-        lines += ["## Ablation: number of random features m", "",
-                  "Test accuracy %, mean ± std [95% CI] (seeds); the profile's own m is the variant row above.", ""]
-        lines += table_lines(["dataset", "variant"] + [f"m = {m}" for m in values], rows) + [""]
-        group = common_timing_group(cells)
-        latency_rows = [
-            [dataset_name(d), v] + [_number(group_mean(index[(d, v, m)], *group, "latency_ms_batch1"), 3)
-                                    if (d, v, m) in index else "–" for m in values]
-            for d, v in dict.fromkeys((c["dataset"], c["variant"]) for c in cells)
-        ] if group else []
-        where = f", runs on {_group_text(*group)} only" if group else ""
-        lines += [f"Inference ms per image (batch 1{where}):", ""]
-        lines += table_lines(["dataset", "variant"] + [f"m = {m}" for m in values], latency_rows) + [""]
+    lines = num_features_lines(aggregated)
     lines += normalization_lines(aggregated)
     lines += learning_rate_lines(aggregated)
     cells = _by(aggregated["cells"], "init_from")
@@ -362,6 +341,35 @@ def ablation_lines(aggregated):
                   "match (everything but the kernel's own state); same epochs and schedule as from scratch. The started "
                   "run has also had the softmax run's training, so its gain mixes what transfers with more steps.", ""]
         lines += table_lines(["dataset", "variant", "from scratch", "from softmax", "Δ (init − scratch, paired)"], rows) + [""]
+    return lines
+
+
+def num_features_lines(aggregated):
+    """The rows at each number of random features m: accuracies, validation falls and inference latency."""
+    cells = _by(aggregated["cells"], "num_features")
+    if not cells:
+        return []
+    values = sorted({c["setting"]["num_features"] for c in cells})
+    index = {(c["dataset"], c["variant"], c["setting"]["num_features"]): c for c in cells}
+    rows = dict.fromkeys((c["dataset"], c["variant"]) for c in cells)
+
+    def grid(text):
+        """One row per (dataset, variant), `text(cell)` at each m."""
+        return [[dataset_name(dataset), variant] + [text(index[key]) if (key := (dataset, variant, m)) in index
+                                                    else "–" for m in values] for dataset, variant in rows]
+
+    header = ["dataset", "variant"] + [f"m = {m}" for m in values]
+    lines = ["## Ablation: number of random features m", "",
+             "Test accuracy %, mean ± std [95% CI] (seeds); the profile's own m is the variant row above.", ""]
+    lines += table_lines(header, grid(accuracy_text)) + [""]
+    lines += ["Each seed's largest fall of validation accuracy below its best earlier epoch (seed: points, the epoch "
+              "of the low in brackets): whether a collapse depends on the estimator's variance, which falls as 1/m.", ""]
+    lines += table_lines(header, grid(fall_text)) + [""]
+    group = common_timing_group(cells)
+    where = f", runs on {_group_text(*group)} only" if group else ""
+    lines += [f"Inference ms per image (batch 1{where}):", ""]
+    latency_rows = grid(lambda c: _number(group_mean(c, *group, "latency_ms_batch1"), 3)) if group else []
+    lines += table_lines(header, latency_rows) + [""]
     return lines
 
 
