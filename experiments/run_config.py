@@ -114,7 +114,7 @@ class RunConfig:
 
     def ignored(self, names):
         """{name: which variants read it} for the fields `names` that this run's variant ignores."""
-        ignored = ignored_options(self.attention, self.position, self.normalize_qk)
+        ignored = ignored_options(self.attention, self.position, self.normalize_qk, self.deterministic)
         return {name: ignored[name] for name in names if name in ignored}
 
     @property

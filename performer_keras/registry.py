@@ -190,14 +190,17 @@ SELECTIVE_OPTIONS = ("num_features", "orthogonal", "redraw_interval", "determini
                      "qk_norm", "learn_qk_norm", "linformer_dim")
 
 
-def ignored_options(kernel, position, normalize_qk=None):
+def ignored_options(kernel, position, normalize_qk=None, deterministic=False):
     """{option: which variants read it} for the `SELECTIVE_OPTIONS` that variant (kernel, position) ignores.
 
     Setting one of them changes nothing in that variant's model, so a command
     line that sets one for it asks for something it will not get.
+    `normalize_qk` and `deterministic` are the variant's own settings.
     """
     spec, place = KERNEL_TABLE[kernel], POSITION_TABLE[position]
     read = {*spec.options, *(attribute for _, attribute in place.options)}
+    if deterministic and "deterministic" in spec.options:
+        read -= set(_RANDOM)  # phi(x) = f(x): no projection to size, orthogonalise or redraw
     if place.kind == "rotation" and spec.linear:
         read.add("rotation_order")  # softmax has no feature map to rotate after
     if normalizes_qk(position, normalize_qk):
@@ -215,8 +218,9 @@ def _readers(option):
         return "normalised q and k (normalize_qk, on by default for kerple)"
     if option == "linformer_dim":
         return ", ".join(name for name, kernel in KERNEL_TABLE.items() if not kernel.pairwise)
-    return ", ".join([name for name, kernel in KERNEL_TABLE.items() if option in kernel.options]
-                     + [name for name, place in POSITION_TABLE.items() if option in dict(place.options).values()])
+    kernels = [name + (" without deterministic" if option in _RANDOM and "deterministic" in kernel.options else "")
+               for name, kernel in KERNEL_TABLE.items() if option in kernel.options]
+    return ", ".join(kernels + [name for name, place in POSITION_TABLE.items() if option in dict(place.options).values()])
 
 
 def model_config(size="reference", **overrides):

@@ -92,6 +92,8 @@ CASES = {
                                                    "--qk-norm changes nothing in softmax-absolute"),
     "train --rotation-order without a rotation": (train.main, [*TINY, "--variant", "favor-absolute", "--rotation-order",
                                                                "after"], "--rotation-order changes nothing"),
+    "train --num-features for deterministic relu": (train.main, [*TINY, "--variant", "relu-absolute", "--deterministic",
+                                                                 "--num-features", "8"], "relu without deterministic"),
     "train --out an empty string": (train.main, [*TINY, "--out", ""], "empty string"),
     "train --dataset an empty string": (train.main, [*TINY, "--dataset", ""], "empty string"),
     # evaluate.py

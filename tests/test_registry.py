@@ -161,20 +161,28 @@ def attention_behaviour(kernel, position, **options):
     return to_numpy(layer(tokens)), sorted((w.path.partition("/")[2], tuple(w.shape)) for w in layer.weights)
 
 
-@pytest.mark.parametrize("variant", list_variants(extra=True))
-def test_an_option_is_called_ignored_exactly_where_setting_it_changes_nothing(variant):
+# Every variant at its defaults, and the settings that change what the others read.
+SETTINGS = [(variant, {}) for variant in list_variants(extra=True)] + [
+    ("relu-absolute", {"deterministic": True}), ("relu-rope", {"deterministic": True}),
+    ("softmax-absolute", {"normalize_qk": True}), ("favor-string", {"normalize_qk": True}),
+    ("favor-kerple", {"normalize_qk": False}),
+]
+
+
+@pytest.mark.parametrize("variant, settings", SETTINGS, ids=[f"{v}{''.join(f'-{k}' for k in s)}" for v, s in SETTINGS])
+def test_an_option_is_called_ignored_exactly_where_setting_it_changes_nothing(variant, settings):
     # The brute-force check of `ignored_options`: build the layer with each option moved off its default and
     # see whether its output or its weights moved.
     kernel, position = parse_variant(variant)
-    output, weights = attention_behaviour(kernel, position)
-    ignored = ignored_options(kernel, position)
-    for option in SELECTIVE_OPTIONS:
+    output, weights = attention_behaviour(kernel, position, **settings)
+    ignored = ignored_options(kernel, position, **settings)
+    for option in (option for option in SELECTIVE_OPTIONS if option not in settings):
         if option == "rotation_order":  # the other order; softmax has only "before"
             default = KERNEL_TABLE[kernel].rotation_order
             value = "before" if default == "after" or not KERNEL_TABLE[kernel].linear else "after"
         else:
             value = OTHER_VALUES[option]
-        changed_output, changed_weights = attention_behaviour(kernel, position, **{option: value})
+        changed_output, changed_weights = attention_behaviour(kernel, position, **{**settings, option: value})
         changes = changed_weights != weights or not np.allclose(changed_output, output, rtol=0, atol=1e-6)
         assert changes == (option not in ignored), (option, value)
 
@@ -185,7 +193,7 @@ def test_every_selective_option_is_read_by_some_variant_and_says_by_which():
         read_somewhere |= set(SELECTIVE_OPTIONS) - set(ignored_options(*parse_variant(variant)))
     assert read_somewhere == set(SELECTIVE_OPTIONS)
     ignored = ignored_options("softmax", "absolute")
-    assert ignored["num_features"] == "favor, relu" and ignored["deterministic"] == "relu"
+    assert ignored["num_features"] == "favor, relu without deterministic" and ignored["deterministic"] == "relu"
     assert ignored["rope_mixed"] == "rope" and ignored["linformer_dim"] == "linformer"
     assert "qk_norm" not in ignored_options("softmax", "absolute", normalize_qk=True)
     assert "qk_norm" in ignored_options("softmax", "kerple", normalize_qk=False)
