@@ -292,8 +292,13 @@ def fail(prog, message, status=USAGE_ERROR):
     return status
 
 
-def start_backend():
+def start_backend(prog=None):
     """Import Keras, and with it the backend, dropping TensorFlow's start-up log from stderr and keeping the rest.
+
+    A KERAS_BACKEND that the project does not run on (`BACKENDS`) exits here
+    with status 2 and one line, "prog: error: ..." (`prog` defaults to the
+    script's name), where Keras' import would end in a traceback (torch, not
+    installed) or fail later in the first compiled step (numpy).
 
     stderr's file descriptor is captured during the import, because the log
     comes from C++, and the captured lines are written back except absl's
@@ -302,6 +307,10 @@ def start_backend():
     project's commands restarts itself with huge pages for XLA's buffers where
     they help (`experiments.huge_pages`).
     """
+    requested = os.environ.get("KERAS_BACKEND")
+    if requested is not None and requested not in BACKENDS:
+        raise SystemExit(fail(prog or os.path.basename(sys.argv[0]),
+                              f"KERAS_BACKEND={requested!r} is not one of {BACKENDS} (unset, it is tensorflow)"))
     huge_pages.restart_if_useful()
     if "keras" not in sys.modules:
         import_quietly("keras")
@@ -391,7 +400,7 @@ def interruptible(prog, function, remedy=TRAINING_REMEDY):
     line: what lowers this command's memory, in its own options.
     """
     try:
-        start_backend()
+        start_backend(prog)
         return function()
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)

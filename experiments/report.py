@@ -725,7 +725,7 @@ def main(argv=None):
         selected = selected_jobs(args, profile)
     except (RunError, ValueError) as error:
         return fail("report", error)
-    start_backend()
+    start_backend("report")
     root = profile_root(args.results_dir, profile)
     write_aggregate(profile, args.results_dir, selected)
     aggregated = json.loads((root / "aggregate.json").read_text())

@@ -178,6 +178,36 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(case, tmp_path, cap
     assert checksums(tmp_path) == before, f"{case} changed {os.listdir(tmp_path)}"
 
 
+BACKEND_CASES = {
+    "train": (train.main, [*TINY, "--out", "{tmp}/run"], "train.py"),
+    "evaluate": (evaluate.main, ["{tmp}/corrupt_run"], "evaluate.py"),
+    "benchmark": (benchmark.main, ["--profile", "tiny", "--results-dir", "{tmp}/r"], "benchmark"),
+    "report": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/r"], "report"),
+    "tuning": (tuning_main.main, ["favor-rope", "--out", "{tmp}/t"], "python -m tuning"),
+    "profiles": (profiles_main.main, ["--skip-scaling", "--out", "{tmp}/p"], "python -m profiles"),
+}
+
+
+@pytest.mark.parametrize("tool", list(BACKEND_CASES))
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_a_backend_the_project_does_not_run_on_is_refused_in_one_line_before_keras_starts(tool, backend, tmp_path,
+                                                                                          capsys, monkeypatch):
+    # torch is not installed, so Keras' import would end in a traceback; numpy imports and fails in the first
+    # compiled step. Keras is already imported in this process: what is tested is that the tool asks first.
+    main, argv, prog = BACKEND_CASES[tool]
+    files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KERAS_BACKEND", backend)
+    before = checksums(tmp_path)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        main([arg.replace("{tmp}", str(tmp_path)) for arg in argv])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err == (
+        f"{prog}: error: KERAS_BACKEND={backend!r} is not one of ('tensorflow', 'jax') (unset, it is tensorflow)\n")
+    assert checksums(tmp_path) == before
+
+
 def test_tensorflows_start_up_log_is_told_from_what_stays():
     from experiments.cli import is_start_up_log
 
@@ -247,7 +277,7 @@ def test_the_out_of_memory_line_names_only_options_the_tool_has(tool, tmp_path, 
         main(["--help"])
     options = set(re.findall(r"--[a-z][a-z-]*", capsys.readouterr().out))
 
-    def no_memory():
+    def no_memory(prog):
         raise MemoryError("Unable to allocate 3 TiB")
 
     monkeypatch.chdir(tmp_path)
