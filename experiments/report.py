@@ -344,6 +344,13 @@ def ablation_lines(aggregated):
     return lines
 
 
+def grid_rows(index, rows, columns, text):
+    """Table rows of an ablation: per (dataset, name) of `rows`, the dataset, the name, then `text(cell)` of
+    `index[(dataset, name, *column)]` for each column (a tuple), "–" where that cell does not exist."""
+    return [[dataset_name(dataset), name] + [text(index[key]) if (key := (dataset, name, *column)) in index else "–"
+                                             for column in columns] for dataset, name in rows]
+
+
 def num_features_lines(aggregated):
     """The rows at each number of random features m: accuracies, validation falls and inference latency."""
     cells = _by(aggregated["cells"], "num_features")
@@ -351,12 +358,10 @@ def num_features_lines(aggregated):
         return []
     values = sorted({c["setting"]["num_features"] for c in cells})
     index = {(c["dataset"], c["variant"], c["setting"]["num_features"]): c for c in cells}
-    rows = dict.fromkeys((c["dataset"], c["variant"]) for c in cells)
+    rows, columns = dict.fromkeys((c["dataset"], c["variant"]) for c in cells), [(m,) for m in values]
 
     def grid(text):
-        """One row per (dataset, variant), `text(cell)` at each m."""
-        return [[dataset_name(dataset), variant] + [text(index[key]) if (key := (dataset, variant, m)) in index
-                                                    else "–" for m in values] for dataset, variant in rows]
+        return grid_rows(index, rows, columns, text)
 
     header = ["dataset", "variant"] + [f"m = {m}" for m in values]
     lines = ["## Ablation: number of random features m", "",
@@ -418,9 +423,7 @@ def normalization_lines(aggregated):
     kernels = dict.fromkeys((c["dataset"], c["variant"].partition("-")[0]) for c in switched)
 
     def grid(text):
-        """One row per (dataset, kernel), `text(cell)` in each column's cell."""
-        return [[dataset_name(dataset), kernel] + [text(index[key]) if (key := (dataset, kernel, p, n)) in index
-                                                   else "–" for p, n in columns] for dataset, kernel in kernels]
+        return grid_rows(index, kernels, columns, text)
 
     norms = sorted({(c["config"] or {}).get("qk_norm", LATER_FIELDS["qk_norm"])
                     for (*_, normalized), c in index.items() if normalized and c["config"]})

@@ -118,7 +118,8 @@ def main(argv=None):
         }
         if unused:
             raise SearchError(f"no variant of the sweep uses {sorted(unused)}")
-        unread = set.intersection(*(set(search.base_config.ignored(RunConfig.given(args))) for search in searches))
+        given = RunConfig.given(args)
+        unread = set.intersection(*(set(search.base_config.ignored(given)) for search in searches))
         if unread:
             raise SearchError(f"no variant of the sweep reads {sorted('--' + name.replace('_', '-') for name in unread)}")
         root = Path(args.out or Path("tuning_results") / searches[0].base_config.dataset)
