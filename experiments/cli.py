@@ -20,6 +20,7 @@ import importlib
 import math
 import os
 import re
+import shlex
 import sys
 import tempfile
 
@@ -171,6 +172,8 @@ OPTIONS = {
     "qk-norm": dict(type=positive_float, help="with --normalize-qk, the norm of q and k in units of sqrt(d) (default 0.25; Luo et al.'s is 1)"),
     "absolute-position": dict(**_SWITCH, help="add the learned absolute embedding"),
     "linformer-dim": dict(type=positive_int, help="projected length k of linformer"),
+    "stabilizer": dict(help="favor: what the features' stabiliser is the maximum of, logits (the Performer's, default) "
+                            "or exponent (keeps long keys from pushing the others under the epsilon floor)"),
     "precision": dict(help="float32, mixed_bfloat16 or mixed_float16"),
     "jit-compile": dict(**_SWITCH, help="compile the training step with XLA (default: on; --no-jit-compile turns it off on TensorFlow)"),
     # How to train.
@@ -255,7 +258,8 @@ VARIANT_OPTIONS = ("variant", "attention", "position")
 RUN_OPTIONS = (
     *VARIANT_OPTIONS, "dataset", "limit", "size", "width", "depth", "heads", "mlp-dim",
     "patch-size", "num-features", "redraw-interval", "orthogonal", "deterministic", "rotation-order",
-    "rope-mixed", "normalize-qk", "qk-norm", "learn-qk-norm", "absolute-position", "linformer-dim", "precision", "jit-compile",
+    "rope-mixed", "normalize-qk", "qk-norm", "learn-qk-norm", "absolute-position", "linformer-dim", "stabilizer", "precision",
+    "jit-compile",
     "augment", "dropout", "label-smoothing", "epochs", "batch-size", "seed",
 )
 # The benchmark's queue selection, shared with its report.
@@ -290,6 +294,19 @@ def fail(prog, message, status=USAGE_ERROR):
     """Print "prog: error: message" as one line on stderr and return `status`."""
     print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr)
     return status
+
+
+def command_line(module, argv):
+    """The shell command that reruns `python -m module` with `argv` (None: the process's own) on this backend.
+
+    TensorFlow is Keras' default backend; any other is named, so that a
+    record made on JAX says how to make it again.
+    """
+    import keras
+
+    backend = keras.backend.backend()
+    prefix = "" if backend == "tensorflow" else f"KERAS_BACKEND={backend} "
+    return f"{prefix}python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
 def start_backend(prog=None):

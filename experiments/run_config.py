@@ -4,7 +4,7 @@ import dataclasses
 import json
 
 from experiments.cli import MAX_SEED
-from performer_keras.options import ROTATION_ORDERS, check_choice, check_finite, check_fraction, check_non_negative, check_positive
+from performer_keras.options import ROTATION_ORDERS, STABILIZERS, check_choice, check_finite, check_fraction, check_non_negative, check_positive
 from performer_keras.registry import (DEFAULT_QK_NORM, SIZES, ignored_options, list_variants, model_config, normalizes_qk,
                                       parse_variant)
 
@@ -12,7 +12,7 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 AUGMENTATIONS = ("none", "rotate", "rotate_shift", "crop_flip")
 # Fields added after runs were committed, with the value a run folder without them had.
 LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None, "qk_norm": 1.0, "learn_qk_norm": False,
-                "jit_compile": None, "dropout": 0.0, "label_smoothing": 0.0}
+                "jit_compile": None, "dropout": 0.0, "label_smoothing": 0.0, "stabilizer": "logits"}
 # Fields that say how a run's steps execute, not what they compute: XLA changes float
 # rounding (and which random numbers a feature redraw gets, from the same distribution),
 # so runs that differ only here stay comparable in one cell. They still belong to the
@@ -60,6 +60,7 @@ class RunConfig:
     qk_norm: float = DEFAULT_QK_NORM
     learn_qk_norm: bool = True
     linformer_dim: int = 32
+    stabilizer: str = "logits"
     limit: int | None = None
     limit_test: bool = True
     precision: str = "float32"
@@ -77,6 +78,7 @@ class RunConfig:
                 check_choice("augment", self.augment, AUGMENTATIONS)
             if self.rotation_order is not None:
                 check_choice("rotation_order", self.rotation_order, ROTATION_ORDERS)
+            check_choice("stabilizer", self.stabilizer, STABILIZERS)
             for name in ("epochs", "batch_size", "num_features", "linformer_dim"):
                 check_positive(name, getattr(self, name))
             for name in ("width", "depth", "heads", "mlp_dim", "patch_size", "limit"):
@@ -132,7 +134,7 @@ class RunConfig:
             k: getattr(self, k)
             for k in (
                 "absolute_position", "num_features", "orthogonal", "redraw_interval", "deterministic",
-                "rotation_order", "rope_mixed", "normalize_qk", "qk_norm", "learn_qk_norm", "linformer_dim",
+                "rotation_order", "rope_mixed", "normalize_qk", "qk_norm", "learn_qk_norm", "linformer_dim", "stabilizer",
             )
         }
         return dict(size=self.size, **{k: v for k, v in sizes.items() if v is not None}, **kernel)

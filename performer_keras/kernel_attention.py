@@ -9,7 +9,7 @@ from keras import ops
 from performer_keras.batch_broadcast import over_batch
 from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
-from performer_keras.options import (ROTATION_ORDERS, check_choice, check_finite, check_grid_size, check_non_negative, check_positive,
+from performer_keras.options import (ROTATION_ORDERS, STABILIZERS, check_choice, check_finite, check_grid_size, check_non_negative, check_positive,
                                      check_rank)
 from performer_keras.registry import DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, compatible, normalizes_qk, positions_of, resolve
 
@@ -227,6 +227,10 @@ class KernelAttention(keras.layers.Layer):
             the backward pass: less training memory for one more forward
             pass of the correlation.
         seed: seed of the random features.
+        stabilizer: favor only: what FAVOR+'s stabiliser is the maximum of,
+            "logits" (Choromanski et al.'s) or "exponent", which keeps the
+            largest features at 1 and long keys from pushing the others
+            under FAVOR+'s epsilon floor (`favor_features.positive_exp`).
 
     Call arguments:
         inputs: (batch, N, width).
@@ -258,6 +262,7 @@ class KernelAttention(keras.layers.Layer):
         fused=False,
         seed=None,
         toeplitz_path="auto",
+        stabilizer="logits",
         **kwargs,
     ):
         if "kernel" in kwargs:
@@ -282,6 +287,7 @@ class KernelAttention(keras.layers.Layer):
         self.fused = bool(fused)
         self.seed = seed
         self.toeplitz_path = check_choice("toeplitz_path", toeplitz_path, TOEPLITZ_PATHS)
+        self.stabilizer = check_choice("stabilizer", stabilizer, STABILIZERS)
         self._validate()
 
     def _validate(self):
@@ -409,6 +415,22 @@ class KernelAttention(keras.layers.Layer):
                 raise ValueError(f"positions must be {expected}: the (row, column) of each of the {self.grid_size} grid's "
                                  f"tokens, got shape {shape}")
         positions = self.patch_positions if positions is None else positions
+        q, k, v = self.heads(inputs, positions)
+        if self.spec.linear:
+            outputs = self._linear(q, k, v, positions, training)
+        elif self.kernel_name == "linformer":
+            outputs = self._linformer(q, k, v)
+        else:
+            outputs = self._softmax(q, k, v)
+        return self.output_dense(merge_heads(ops.cast(outputs, self.compute_dtype)))
+
+    def heads(self, inputs, positions=None):
+        """q, k, v, each (batch, heads, N, d), as the kernel receives them: projected, normalised, rotated "before".
+
+        For diagnostics of a trained layer (`experiments.favor_floor`);
+        `positions` as in `call`, default the grid.
+        """
+        positions = self.patch_positions if positions is None else positions
         q, k, v = (split_heads(layer(inputs), self.num_heads) for layer in (self.query, self.key, self.value))
         if self.normalizes:
             # |q| = |k| = qk_norm sqrt(d), so |q^T k| / sqrt(d) <= qk_norm^2 sqrt(d).
@@ -422,13 +444,7 @@ class KernelAttention(keras.layers.Layer):
                     for x in (q, k))
         if self.rotates and self.order == "before":
             q, k = self.rotate(q, positions), self.rotate(k, positions)
-        if self.spec.linear:
-            outputs = self._linear(q, k, v, positions, training)
-        elif self.kernel_name == "linformer":
-            outputs = self._linformer(q, k, v)
-        else:
-            outputs = self._softmax(q, k, v)
-        return self.output_dense(merge_heads(ops.cast(outputs, self.compute_dtype)))
+        return q, k, v
 
     def _softmax(self, q, k, v):
         bias = self.toeplitz.bias_matrix() if self.position_spec.kind == "bias" else None
@@ -561,5 +577,6 @@ class KernelAttention(keras.layers.Layer):
             fused=self.fused,
             seed=self.seed,
             toeplitz_path=self.toeplitz_path,
+            stabilizer=self.stabilizer,
         )
         return config

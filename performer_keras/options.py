@@ -7,6 +7,8 @@ import math
 import operator
 
 ROTATION_ORDERS = ("before", "after")
+# What FAVOR+'s key stabiliser is the maximum of (`favor_features.positive_exp`).
+STABILIZERS = ("logits", "exponent")
 
 
 def check_choice(argument, value, choices):

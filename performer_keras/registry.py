@@ -75,7 +75,7 @@ _RANDOM = ("num_features", "orthogonal", "redraw_interval", "seed")
 
 KERNEL_TABLE = {
     "softmax": Kernel(main=True, colour="tab:blue"),
-    "favor": Kernel("favor_features:FavorFeatures", _RANDOM, random=True,
+    "favor": Kernel("favor_features:FavorFeatures", (*_RANDOM, "stabilizer"), random=True,
                     searched=("num_features", "redraw_interval"), main=True, colour="tab:orange"),
     # ReLU features are not a kernel of q^T k, so RoFormer (sec. 3.4.2) rotates the
     # features instead and keeps the normaliser unrotated.
@@ -187,7 +187,7 @@ def compatible(kernel, position):
 
 # The `KernelAttention` options that only some variants read (the others ignore them).
 SELECTIVE_OPTIONS = ("num_features", "orthogonal", "redraw_interval", "deterministic", "rotation_order", "rope_mixed",
-                     "qk_norm", "learn_qk_norm", "linformer_dim")
+                     "qk_norm", "learn_qk_norm", "linformer_dim", "stabilizer")
 
 
 def ignored_options(kernel, position, normalize_qk=None, deterministic=False):

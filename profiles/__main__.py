@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from experiments import atomic
-from experiments.cli import fail, interruptible, parser
+from experiments.cli import command_line, fail, interruptible, parser
 from performer_keras.options import check_choice
 from performer_keras.registry import list_variants, model_config, parse_variant
 from profiles import BENCH_BATCH, BENCH_DATASETS, BENCH_SIZE, DEFAULT_PATCHES, SCOPES
@@ -71,7 +71,7 @@ def run(args, argv):
 
     from profiles import bench, report, scaling
 
-    command = bench.command_line("profiles", argv)
+    command = command_line("profiles", argv)
     variants = args.variants
     result_dir = args.out / bench.device_slug() / keras.backend.backend()
     if args.report_only:

@@ -23,7 +23,6 @@ import datetime
 import json
 import math
 import re
-import shlex
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ import keras
 import numpy as np
 
 from experiments import atomic
+from experiments.cli import command_line
 from experiments.compiled import compiled_predict
 from experiments.flops import analytic_model_flops, count_flops, count_training_flops
 from experiments.latency import LATENCY_REPEATS, device_name, measure_latency
@@ -151,17 +151,6 @@ def record_header():
         import tensorflow as backend_module
     return dict(device=device_name(), backend=backend, backend_version=backend_module.__version__,
                 keras_version=keras.__version__)
-
-
-def command_line(module, argv):
-    """The shell command that reruns `python -m module` with `argv` (None: the process's own) on this backend.
-
-    TensorFlow is Keras' default backend; any other is named, so that a
-    record made on JAX says how to make it again.
-    """
-    backend = keras.backend.backend()
-    prefix = "" if backend == "tensorflow" else f"KERAS_BACKEND={backend} "
-    return f"{prefix}python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
 def write_record(out, name, module, argv, **fields):

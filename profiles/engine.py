@@ -70,7 +70,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from experiments.cli import BACKENDS, parser, start_backend
+from experiments.cli import BACKENDS, command_line, parser, start_backend
 
 start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
@@ -263,7 +263,7 @@ def main(argv=None):
     single = {MPS_PIPE: None} if under_mps else None
     per_backend = {}
     record = {
-        "command": bench.command_line("profiles.engine", argv),
+        "command": command_line("profiles.engine", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": bench.device_name(),
         # Whether the children below ran with huge pages for XLA's buffers (`experiments.huge_pages`).

@@ -23,7 +23,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from experiments.cli import parser, start_backend
+from experiments.cli import command_line, parser, start_backend
 
 start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
@@ -87,7 +87,7 @@ def main(argv=None):
     result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
     table = error_table()
     record = {
-        "command": bench.command_line("profiles.favor_estimator", argv),
+        "command": command_line("profiles.favor_estimator", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         **bench.record_header(),
         "setting": dict(heads=HEADS, head_dim=HEAD_DIM, grid=list(GRID), tokens=1 + GRID[0] * GRID[1], batch=BATCH,

@@ -36,7 +36,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from experiments.cli import parser, start_backend
+from experiments.cli import command_line, parser, start_backend
 
 start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
@@ -162,7 +162,7 @@ def main(argv=None):
     crossovers = [shape["crossover_tokens"] for shape in shapes.values() if shape["crossover_tokens"]]
     low, high, consistent = factor_interval([row for shape in shapes.values() for row in shape["points"]])
     record = {
-        "command": bench.command_line("profiles.kerple_paths", argv),
+        "command": command_line("profiles.kerple_paths", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         **bench.record_header(),
         "rounds": ROUNDS,

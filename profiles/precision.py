@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from experiments.cli import parser, start_backend
+from experiments.cli import command_line, parser, start_backend
 
 start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
@@ -121,7 +121,7 @@ def main(argv=None):
             rows.update(compare([variant], seeds=seeds))
         done = {name: rows[name] for name in variants if name in rows}
         record = {
-            "command": bench.command_line("profiles.precision", argv),
+            "command": command_line("profiles.precision", argv),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             **bench.record_header(),
             "settings": settings, "tolerance": TOLERANCE, "complete": len(done) == len(variants),

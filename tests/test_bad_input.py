@@ -94,6 +94,10 @@ CASES = {
                                                                "after"], "--rotation-order changes nothing"),
     "train --num-features for deterministic relu": (train.main, [*TINY, "--variant", "relu-absolute", "--deterministic",
                                                                  "--num-features", "8"], "relu without deterministic"),
+    "train --stabilizer for softmax": (train.main, [*TINY, "--stabilizer", "exponent"],
+                                       "--stabilizer changes nothing in softmax-absolute; it applies to favor"),
+    "train --stabilizer unknown": (train.main, [*TINY, "--variant", "favor-absolute", "--stabilizer", "max"],
+                                   "Unknown stabilizer 'max'"),
     "train --out an empty string": (train.main, [*TINY, "--out", ""], "empty string"),
     "train --dataset an empty string": (train.main, [*TINY, "--dataset", ""], "empty string"),
     # evaluate.py

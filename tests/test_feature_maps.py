@@ -24,6 +24,7 @@ QK = np.random.default_rng(0).normal(size=(2, 2, 10, 8)).astype("float32")  # (b
     [
         pytest.param(FavorFeatures, dict(num_features=16, seed=1), 16, 1, id="favor"),  # projection
         pytest.param(FavorFeatures, dict(num_features=12, redraw_interval=2, orthogonal=False), 12, 2, id="favor-redraw"),
+        pytest.param(FavorFeatures, dict(num_features=16, stabilizer="exponent"), 16, 1, id="favor-exponent"),
         pytest.param(ReluFeatures, dict(num_features=16, seed=1), 16, 1, id="relu"),
         pytest.param(ReluFeatures, dict(deterministic=True), 8, 0, id="relu-deterministic"),  # m = d
         pytest.param(ExpFeatures, dict(epsilon=1e-5), 8, 0, id="exp"),
@@ -194,6 +195,42 @@ def test_stabilisers_cancel_in_attention(kind):
     key_max = exp_logits_minus_m(phi_k, k).max(axis=-1)  # (batch, heads, N)
     np.testing.assert_allclose(key_max.max(axis=-1), 1.0, rtol=1e-5)
     assert np.all(np.sort(key_max, axis=-1)[..., -2] < 0.99), "keys seem to have their own stabilisers"
+
+
+def test_the_exponent_stabilizer_keeps_long_keys_above_the_floor():
+    # One long key per (batch, head): the logits' maximum then exceeds the exponent's by about its |k'|^2/2,
+    # and "logits" pushes the other keys' features under epsilon, where phi(k) = eps m^-1/2 whatever k is.
+    rng = np.random.default_rng(6)
+    q, k = rng.normal(size=(2, 2, 10, 8)), rng.normal(size=(2, 2, 10, 8))
+    k[..., 0, :] *= 6.0
+    m, eps = 32, 1e-6
+    features = {name: [to_numpy(phi) for phi in FavorFeatures(num_features=m, stabilizer=name, seed=4)(
+        q.astype("float32"), k.astype("float32"))] for name in ("logits", "exponent")}
+    # Queries: the same features up to each query's own factor exp(|q'|^2/2), epsilon aside.
+    exp_parts = {name: phi_q * np.sqrt(m) - eps for name, (phi_q, _) in features.items()}
+    np.testing.assert_allclose(exp_parts["exponent"], exp_parts["logits"] * np.exp(0.5 * np.sum(q**2, -1, keepdims=True) / np.sqrt(8)),
+                               rtol=1e-4, atol=1e-5)
+    floored = {name: np.mean(phi_k[..., 1:, :] < 2 * eps / np.sqrt(m)) for name, (_, phi_k) in features.items()}
+    assert floored["logits"] > 0.9 and floored["exponent"] < 0.2, floored
+    # "exponent": each query's largest feature, and that of one key per (batch, head), at exp(0), none above.
+    np.testing.assert_allclose(exp_parts["exponent"].max(axis=-1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose((features["exponent"][1] * np.sqrt(m) - eps).max(axis=(-2, -1)), 1.0, rtol=1e-6)
+    # Brute force, float64: FAVOR+'s attention without the floor (epsilon 0, nothing stabilised). "exponent"
+    # computes it; under "logits" the floor takes over and the weights become another attention.
+    layer = FavorFeatures(num_features=m, seed=4)
+    layer(q.astype("float32"), k.astype("float32"))
+    projection, scale = to_numpy(layer.projection).astype("float64"), 8**-0.25
+    exact = attention_weights(*(np.exp((x * scale) @ projection.T - 0.5 * np.sum((x * scale) ** 2, -1, keepdims=True))
+                                for x in (q, k)))
+    assert np.abs(attention_weights(*features["exponent"]) - exact).max() < 1e-3
+    assert np.abs(attention_weights(*features["logits"]) - exact).max() > 0.1
+
+
+def test_an_unknown_stabilizer_is_refused():
+    with pytest.raises(ValueError, match=r"Unknown stabilizer 'max'; expected one of \('logits', 'exponent'\)"):
+        FavorFeatures(stabilizer="max")
+    with pytest.raises(ValueError, match="Unknown stabilizer"):
+        KernelAttention(2, "favor", stabilizer="max")
 
 
 # === Logits of magnitude 50. ===

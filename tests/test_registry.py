@@ -150,15 +150,20 @@ def test_build_vit_refuses_a_shape_with_nothing_to_learn(kwargs, match):
 
 # A value of each selective option other than KernelAttention's default.
 OTHER_VALUES = {"num_features": 8, "orthogonal": False, "redraw_interval": 3, "deterministic": True, "rope_mixed": True,
-                "qk_norm": 1.0, "learn_qk_norm": False, "linformer_dim": 5}
+                "qk_norm": 1.0, "learn_qk_norm": False, "linformer_dim": 5, "stabilizer": "exponent"}
 
 
 def attention_behaviour(kernel, position, **options):
-    """The output of a small KernelAttention at its initial weights, and its weights' names and shapes."""
+    """The output of a small KernelAttention at its initial weights (with a linear kernel's features of q and k:
+    FAVOR+'s stabilizer moves the output by less than float32 resolves where q and k are short), and its
+    weights' names and shapes."""
     keras.utils.set_random_seed(0)
     layer = pk.KernelAttention(2, kernel, position, grid_size=(2, 3), seed=1, **{"num_features": 16, **options})
     tokens = np.random.default_rng(0).normal(size=(2, 7, 8)).astype("float32")
-    return to_numpy(layer(tokens)), sorted((w.path.partition("/")[2], tuple(w.shape)) for w in layer.weights)
+    outputs = [to_numpy(layer(tokens)).ravel()]
+    if layer.spec.linear:
+        outputs += [to_numpy(phi).ravel() for phi in layer.features(*layer.heads(tokens)[:2])]
+    return np.concatenate(outputs), sorted((w.path.partition("/")[2], tuple(w.shape)) for w in layer.weights)
 
 
 # Every variant at its defaults, and the settings that change what the others read.
@@ -194,6 +199,6 @@ def test_every_selective_option_is_read_by_some_variant_and_says_by_which():
     assert read_somewhere == set(SELECTIVE_OPTIONS)
     ignored = ignored_options("softmax", "absolute")
     assert ignored["num_features"] == "favor, relu without deterministic" and ignored["deterministic"] == "relu"
-    assert ignored["rope_mixed"] == "rope" and ignored["linformer_dim"] == "linformer"
+    assert ignored["rope_mixed"] == "rope" and ignored["linformer_dim"] == "linformer" and ignored["stabilizer"] == "favor"
     assert "qk_norm" not in ignored_options("softmax", "absolute", normalize_qk=True)
     assert "qk_norm" in ignored_options("softmax", "kerple", normalize_qk=False)

@@ -352,6 +352,23 @@ def test_code_version_is_dirty_for_code_changes_not_for_results(tmp_path):
     assert code_version(tmp_path / "results") is not None  # a subfolder is still in the checkout
 
 
+def test_the_stabilizer_reaches_every_favor_layer_and_old_folders_still_match():
+    import keras
+
+    import performer_keras
+    from experiments.cli import RUN_OPTIONS, parser
+    from experiments.run_config import RunConfig
+
+    cli = parser("test", None, *RUN_OPTIONS)
+    config = RunConfig.from_args(cli.parse_args(["--variant", "favor-absolute", "--size", "tiny", "--stabilizer", "exponent"]))
+    assert config.to_dict()["stabilizer"] == "exponent" and "stabilizer" not in RunConfig().to_dict()
+    model = performer_keras.create_model(config.variant, **config.model_overrides())
+    layers = [layer for layer in model.layers if isinstance(layer, performer_keras.KernelAttention)]
+    assert layers and all(layer.features.stabilizer == "exponent" for layer in layers)
+    restored = keras.Model.from_config(model.get_config(), custom_objects=performer_keras.custom_objects())
+    assert all(layer.features.stabilizer == "exponent" for layer in restored.layers if hasattr(layer, "features"))
+
+
 def test_jit_compile_reaches_the_model_and_computes_the_same():
     from experiments import data, training
     from experiments.cli import RUN_OPTIONS, parser

@@ -1,0 +1,149 @@
+"""experiments.favor_floor: how much of FAVOR+'s attention is its epsilon floor, against brute force."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import performer_keras
+from experiments import favor_floor
+from performer_keras.kernel_attention import KernelAttention
+
+
+def brute_force_floor(layer, inputs):
+    """Share of key and query features whose exp(w^T x' - |x'|^2/2 - M) < eps, M as in the Performer, and the
+    floor's share of each query's attention weight, by loops."""
+    q, k, _ = (np.asarray(x, "float64") for x in layer.heads(inputs))
+    w = np.asarray(layer.features.projection, "float64")
+    d, eps = q.shape[-1], layer.features.epsilon
+    floored, mass = {"key": [], "query": []}, []
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            keys = k[b, h] * d**-0.25
+            key_logits = keys @ w.T
+            top = key_logits.max()  # one M for all keys of (b, h)
+            for j in range(keys.shape[0]):
+                part = np.exp(key_logits[j] - 0.5 * keys[j] @ keys[j] - top)
+                floored["key"].extend(part < eps)
+                query = q[b, h, j] * d**-0.25
+                logits = w @ query
+                floored["query"].extend(np.exp(logits - 0.5 * query @ query - logits.max()) < eps)
+            phi_q, phi_k = (np.asarray(x, "float64")[b, h] for x in layer.features(q.astype("float32"), k.astype("float32")))
+            for i in range(q.shape[2]):
+                weights = [phi_q[i] @ phi_k[j] for j in range(k.shape[2])]
+                floor_weights = [phi_q[i] @ np.full(phi_k.shape[1], eps / np.sqrt(phi_k.shape[1])) for _ in weights]
+                mass.append(sum(floor_weights) / sum(weights))
+    return np.mean(floored["key"]), np.mean(floored["query"]), np.mean(mass)
+
+
+def brute_force_entropy(weights):
+    """Mean over rows of -sum p log p / log N of row-normalised (.., N, N) weights."""
+    rows = np.reshape(weights, (-1, weights.shape[-1]))
+    entropies = []
+    for row in rows:
+        p = row / row.sum()
+        entropies.append(-sum(x * np.log(x) for x in p if x > 0) / np.log(len(p)))
+    return np.mean(entropies)
+
+
+@pytest.mark.parametrize("key_scale", [1.0, 30.0])
+def test_floor_and_entropies_match_brute_force(key_scale):
+    keras.utils.set_random_seed(3)
+    layer = KernelAttention(num_heads=2, kernel_name="favor", num_features=16, grid_size=(3, 4), seed=1)
+    inputs = np.random.default_rng(0).normal(size=(2, 13, 16)).astype("float32")
+    layer(inputs)
+    # Large keys push every other key's features under the floor: the collapse this tool looks for.
+    layer.key.kernel.assign(layer.key.kernel * key_scale)
+    row = favor_floor.layer_floor(layer, inputs)
+
+    key_share, query_share, floor_mass = brute_force_floor(layer, inputs)
+    assert row["floor_mass"] == pytest.approx(floor_mass, rel=1e-6)
+    assert row["key_floor_share"] == pytest.approx(key_share, abs=1e-9)
+    assert row["query_floor_share"] == pytest.approx(query_share, abs=1e-9)
+    q, k, _ = (np.asarray(x, "float64") for x in layer.heads(inputs))
+    phi_q, phi_k = (np.asarray(x, "float64") for x in layer.features(q.astype("float32"), k.astype("float32")))
+    assert row["entropy_favor"] == pytest.approx(brute_force_entropy(phi_q @ np.swapaxes(phi_k, -1, -2)), rel=1e-9)
+    logits = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    assert row["entropy_softmax"] == pytest.approx(brute_force_entropy(np.exp(logits - logits.max())), rel=1e-6)
+    assert row["key_norm_sq"]["max"] == pytest.approx(((k**2).sum(-1) / np.sqrt(8)).max(), rel=1e-9)
+    if key_scale == 1.0:
+        assert key_share < 0.5 and floor_mass < 0.01
+    else:
+        assert key_share > 0.9 and floor_mass > 0.9 and row["entropy_favor"] > 0.99  # floored keys: a uniform average
+
+
+def test_heads_are_what_the_kernel_receives():
+    """heads() normalises q and k to qk_norm sqrt(d) (learned scale at 0) and rotates them for rope."""
+    layer = KernelAttention(num_heads=2, kernel_name="favor", position="rope", grid_size=(2, 3), normalize_qk=True,
+                            qk_norm=0.5, num_features=8)
+    inputs = np.random.default_rng(1).normal(size=(1, 7, 8)).astype("float32")
+    layer(inputs)
+    q, k, v = (np.asarray(x) for x in layer.heads(inputs))
+    assert q.shape == k.shape == v.shape == (1, 2, 7, 4)
+    np.testing.assert_allclose(np.linalg.norm(q, axis=-1), 0.5 * 2.0, rtol=1e-5)  # rotations keep norms
+    plain = np.asarray(layer.query(inputs)).reshape(1, 7, 2, 4).transpose(0, 2, 1, 3)
+    unit = plain / np.linalg.norm(plain, axis=-1, keepdims=True)
+    np.testing.assert_allclose(q[:, :, 0], unit[:, :, 0], rtol=1e-5, atol=1e-6)  # CLS is not rotated
+    assert not np.allclose(q[:, :, 1:], unit[:, :, 1:], atol=1e-3)  # grid tokens are
+
+
+@pytest.fixture(scope="module")
+def favor_run(tmp_path_factory):
+    """A run folder with best.keras after epoch 2 of 3 and a backup of epoch 3."""
+    run = tmp_path_factory.mktemp("favor-run")
+    keras.utils.set_random_seed(0)
+    model = performer_keras.create_model("favor-absolute", size="tiny", image_shape=(28, 28, 1), num_classes=10)
+    model.save(run / "best.keras")
+    (run / "backup").mkdir()
+    model.save_weights(run / "backup" / "epoch0003.weights.h5")
+    (run / "config.json").write_text(json.dumps({"variant": "favor-absolute", "dataset": "mnist"}))
+    (run / "history.csv").write_text("epoch,accuracy,val_accuracy\n0,0.5,0.80\n1,0.7,0.90\n2,0.6,0.85\n")
+    return run
+
+
+def test_main_writes_one_record_per_checkpoint(favor_run):
+    assert favor_floor.main([str(favor_run), str(favor_run / "backup" / "epoch0003.weights.h5"), "--limit", "8"]) == 0
+    record = json.loads((favor_run / "favor_floor.json").read_text())
+    assert record["command"].endswith(f"python -m experiments.favor_floor {favor_run} "
+                                      f"{favor_run / 'backup' / 'epoch0003.weights.h5'} --limit 8")
+    best, backup = record["checkpoints"]
+    assert (best["epoch"], best["val_accuracy"], backup["epoch"], backup["val_accuracy"]) == (2, 0.90, 3, 0.85)
+    assert best["dataset"] == "mnist" and best["examples"] == 8
+    assert [row["layer"] for row in best["layers"]] == [f"block_{i}_attention" for i in range(len(best["layers"]))]
+    assert best["layers"] == backup["layers"]  # the same weights
+    assert best["stabilizer"] == "logits"  # the model's own
+
+    # Measured under the other stabilizer: the same model, other features.
+    assert favor_floor.main([str(favor_run), "--limit", "8", "--stabilizer", "exponent", "--out", str(favor_run / "x")]) == 0
+    other = json.loads((favor_run / "x" / "favor_floor.json").read_text())["checkpoints"][0]
+    assert other["stabilizer"] == "exponent" and other["layers"][0]["floor_mass"] != best["layers"][0]["floor_mass"]
+    assert other["layers"][0]["key_norm_sq"] == best["layers"][0]["key_norm_sq"]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "does not exist"),
+    ("loose-weights", "is not in the backup/ folder of a run folder"),
+    ("softmax", "has no FAVOR+ attention layer"),
+    ("bare-keras", "is not in a run folder; give --out"),
+    ("bare-keras-out", "no run config.json to take the dataset from; give --dataset"),
+    ("stabilizer", "--stabilizer must be one of ('logits', 'exponent'), got 'max'"),
+])
+def test_bad_checkpoints_fail_in_one_line(favor_run, tmp_path, capsys, case, message):
+    softmax = tmp_path / "softmax"
+    softmax.mkdir()
+    performer_keras.create_model("softmax-absolute", size="tiny", image_shape=(28, 28, 1), num_classes=10).save(
+        softmax / "best.keras")
+    (softmax / "config.json").write_text(json.dumps({"dataset": "mnist"}))
+    loose = tmp_path / "epoch0001.weights.h5"
+    loose.write_bytes((favor_run / "backup" / "epoch0003.weights.h5").read_bytes())
+    bare = tmp_path / "model.keras"
+    bare.write_bytes((favor_run / "best.keras").read_bytes())
+    argv = {"missing": [str(tmp_path / "nothing")], "loose-weights": [str(favor_run), str(loose)],
+            "softmax": [str(softmax)], "bare-keras": [str(bare)],
+            "bare-keras-out": [str(bare), "--out", str(tmp_path / "out")],
+            "stabilizer": [str(favor_run), "--stabilizer", "max", "--out", str(tmp_path / "out")]}[case]
+    assert favor_floor.main([*argv, "--limit", "4"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m experiments.favor_floor: error:") and message in lines[0]
+    assert not (tmp_path / "out").exists()
