@@ -21,6 +21,7 @@ from experiments.export import export_saved_model
 from experiments.metrics import classification_metrics, format_table, history_metrics
 from experiments.models import EvaluationError
 from experiments.flops import analytic_attention_flops, count_flops, count_training_flops
+from run_folders import tiny_run_folder
 
 REPO = Path(__file__).resolve().parent.parent
 # The contract of metrics.json, written out here rather than imported, so the
@@ -190,17 +191,11 @@ def test_jax_flops_match_analytic_count():
 def run_folder(tmp_path_factory):
     """A run folder as training writes it: config, checkpoint, history, export."""
     run = tmp_path_factory.mktemp("run")
-    keras.utils.set_random_seed(0)
-    model = performer_keras.create_model("softmax-absolute", size="tiny", image_shape=(28, 28, 1), num_classes=10)
-    model.save(run / "best.keras")
     config = dict(variant="softmax-absolute", attention="softmax", position="absolute", dataset="mnist",
                   seed=7, limit=200, epochs=2, batch_size=32)
-    (run / "config.json").write_text(json.dumps(config))
-    (run / "history.csv").write_text(
-        "epoch,accuracy,loss,val_accuracy,val_loss,epoch_seconds\n"
-        "0,0.40,2.0,0.91,1.0,3.0\n"
-        "1,0.90,0.5,0.96,0.3,1.0\n"
-    )
+    model = tiny_run_folder(run, "softmax-absolute", config, "epoch,accuracy,loss,val_accuracy,val_loss,epoch_seconds\n"
+                                                             "0,0.40,2.0,0.91,1.0,3.0\n"
+                                                             "1,0.90,0.5,0.96,0.3,1.0\n")
     export_saved_model(model, run / "export")
     return run, model
 

@@ -9,6 +9,7 @@ import pytest
 import performer_keras
 from experiments import favor_floor
 from performer_keras.kernel_attention import KernelAttention
+from run_folders import tiny_run_folder
 
 
 def brute_force_floor(layer, inputs):
@@ -92,13 +93,10 @@ def test_heads_are_what_the_kernel_receives():
 def favor_run(tmp_path_factory):
     """A run folder with best.keras after epoch 2 of 3 and a backup of epoch 3."""
     run = tmp_path_factory.mktemp("favor-run")
-    keras.utils.set_random_seed(0)
-    model = performer_keras.create_model("favor-absolute", size="tiny", image_shape=(28, 28, 1), num_classes=10)
-    model.save(run / "best.keras")
+    model = tiny_run_folder(run, "favor-absolute", {"variant": "favor-absolute", "dataset": "mnist"},
+                            "epoch,accuracy,val_accuracy\n0,0.5,0.80\n1,0.7,0.90\n2,0.6,0.85\n")
     (run / "backup").mkdir()
     model.save_weights(run / "backup" / "epoch0003.weights.h5")
-    (run / "config.json").write_text(json.dumps({"variant": "favor-absolute", "dataset": "mnist"}))
-    (run / "history.csv").write_text("epoch,accuracy,val_accuracy\n0,0.5,0.80\n1,0.7,0.90\n2,0.6,0.85\n")
     return run
 
 
