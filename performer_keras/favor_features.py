@@ -25,7 +25,7 @@ def positive_exp(logits, squared_norm_half, is_query, epsilon, stabilizer="logit
     exponent's by about the longest key's |k'|^2/2, which can push every
     other key's features under epsilon, where they no longer depend on the
     key and pass it no gradient, and attention becomes a uniform average
-    (`experiments.favor_floor` measures this in trained models).
+    (in trained models too: README, "Why: FAVOR+ collapses ...").
     """
     exponent = logits - squared_norm_half
     axes = -1 if is_query else (-2, -1)

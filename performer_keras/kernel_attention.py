@@ -427,8 +427,8 @@ class KernelAttention(keras.layers.Layer):
     def heads(self, inputs, positions=None):
         """q, k, v, each (batch, heads, N, d), as the kernel receives them: projected, normalised, rotated "before".
 
-        For diagnostics of a trained layer (`experiments.favor_floor`);
-        `positions` as in `call`, default the grid.
+        For looking into a trained layer; `positions` as in `call`, default
+        the grid.
         """
         positions = self.patch_positions if positions is None else positions
         q, k, v = (split_heads(layer(inputs), self.num_heads) for layer in (self.query, self.key, self.value))
