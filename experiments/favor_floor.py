@@ -16,6 +16,7 @@ checkpoint, on the first `--limit` test images (default `DEFAULT_EXAMPLES`):
 * `floor_mass`: the share of each query's attention weight that the keys'
   floor carries, N eps m^-1/2 sum(phi(q)) / sum_j phi(q)^T phi(k_j), averaged
   over queries: 1 when the keys' features are all floor (uniform attention);
+  null for kerple, whose weights carry the position too;
 * `key_floor_share`, `query_floor_share`: the share of features whose
   exponential part is under eps (phi < 2 eps m^-1/2);
 * `key_norm_sq`, `query_norm_sq`: |x'|^2 = |x|^2 / sqrt(d), median, 99th
@@ -37,6 +38,8 @@ import json
 import re
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from experiments.cli import command_line, fail, parser, start_backend
 from performer_keras.options import STABILIZERS
@@ -84,15 +87,11 @@ def checkpoint_epoch(model_file, weights_file, run):
 
 
 def quantiles(values):
-    import numpy as np
-
     return {"median": float(np.median(values)), "p99": float(np.percentile(values, 99)), "max": float(np.max(values))}
 
 
 def row_entropy(weights):
     """Mean entropy of the rows of (.., N_q, N) attention weights, over log N."""
-    import numpy as np
-
     weights = weights / weights.sum(-1, keepdims=True)
     entropy = -(weights * np.log(np.maximum(weights, 1e-300))).sum(-1)
     return float(entropy.mean() / np.log(weights.shape[-1]))
@@ -100,22 +99,22 @@ def row_entropy(weights):
 
 def layer_floor(layer, inputs):
     """The module docstring's statistics of one FAVOR+ `KernelAttention` on its (batch, N, width) inputs."""
-    import numpy as np
     from keras import ops
 
-    q, k, v = (np.asarray(ops.convert_to_numpy(x), "float64") for x in layer.heads(inputs))
+    q, k = (np.asarray(ops.convert_to_numpy(x), "float64") for x in layer.heads(inputs)[:2])
     phi_q, phi_k = (np.asarray(ops.convert_to_numpy(x), "float64") for x in layer.features(q.astype("float32"), k.astype("float32")))
     floor_value = layer.features.epsilon * layer.features.num_features**-0.5
     floor = FLOOR_FACTOR * floor_value
     normaliser = np.einsum("bhnm,bhm->bhn", phi_q, phi_k.sum(axis=2))
     scale = layer.head_dim**-0.5
     plain = layer.position_spec.kind == "embedding" or (layer.rotates and layer.order == "before")
+    biased = layer.position_spec.kind == "bias"  # kerple weighs every pair by its position too
     if plain:
         logits = np.einsum("bhnd,bhjd->bhnj", q, k) * scale
         softmax = np.exp(logits - logits.max(-1, keepdims=True))
     return {
         "layer": layer.name,
-        "floor_mass": float(np.mean(phi_k.shape[2] * floor_value * phi_q.sum(-1) / normaliser)),
+        "floor_mass": None if biased else float(np.mean(phi_k.shape[2] * floor_value * phi_q.sum(-1) / normaliser)),
         "key_floor_share": float(np.mean(phi_k < floor)),
         "query_floor_share": float(np.mean(phi_q < floor)),
         "key_norm_sq": quantiles((k**2).sum(-1) * scale),
@@ -196,10 +195,10 @@ def main(argv=None):
         print(f"{item['checkpoint']} (epoch {item['epoch']}, validation {item['val_accuracy']}, "
               f"stabilizer {item['stabilizer']})")
         for row in item["layers"]:
+            mass = "" if row["floor_mass"] is None else f"floor's share of the attention {row['floor_mass']:.3f}; "
             entropy = "" if row["entropy_favor"] is None else \
                 f"; entropy/log N {row['entropy_favor']:.3f} (softmax of the same q, k {row['entropy_softmax']:.3f})"
-            print(f"  {row['layer']}: floor's share of the attention {row['floor_mass']:.3f}; features under it: "
-                  f"keys {row['key_floor_share']:.3f}, queries "
+            print(f"  {row['layer']}: {mass}features under the floor: keys {row['key_floor_share']:.3f}, queries "
                   f"{row['query_floor_share']:.3f}; |k'|^2 median {row['key_norm_sq']['median']:.1f}, "
                   f"p99 {row['key_norm_sq']['p99']:.1f}{entropy}")
     print(f"written: {out / 'favor_floor.json'}")

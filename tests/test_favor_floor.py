@@ -74,6 +74,16 @@ def test_floor_and_entropies_match_brute_force(key_scale):
         assert key_share > 0.9 and floor_mass > 0.9 and row["entropy_favor"] > 0.99  # floored keys: a uniform average
 
 
+def test_kerple_gets_the_floor_shares_and_no_attention_figures():
+    # Its weights carry the position's exp(b) too, so neither the floor's share of them nor their entropy is phi's.
+    layer = KernelAttention(num_heads=2, kernel_name="favor", position="kerple", grid_size=(3, 4), num_features=8)
+    inputs = np.random.default_rng(2).normal(size=(2, 13, 16)).astype("float32")
+    layer(inputs)
+    row = favor_floor.layer_floor(layer, inputs)
+    assert row["floor_mass"] is row["entropy_favor"] is row["entropy_softmax"] is None
+    assert row["key_floor_share"] == pytest.approx(brute_force_floor(layer, inputs)[0], abs=1e-9)
+
+
 def test_heads_are_what_the_kernel_receives():
     """heads() normalises q and k to qk_norm sqrt(d) (learned scale at 0) and rotates them for rope."""
     layer = KernelAttention(num_heads=2, kernel_name="favor", position="rope", grid_size=(2, 3), normalize_qk=True,
