@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.cli import command_line, fail, parser, start_backend
-from performer_keras.options import STABILIZERS
+from performer_keras.options import STABILIZERS, check_choice
 
 FLOOR_FACTOR = 2.0  # phi < FLOOR_FACTOR eps m^-1/2: the exponential part is under eps
 DEFAULT_EXAMPLES = 256
@@ -165,13 +165,13 @@ def main(argv=None):
     cli.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT")
     args = cli.parse_args(argv)
     examples = DEFAULT_EXAMPLES if args.limit is None else None if args.limit == "all" else args.limit
-    if args.stabilizer is not None and args.stabilizer not in STABILIZERS:
-        return fail(prog, f"--stabilizer must be one of {STABILIZERS}, got {args.stabilizer!r}")
     try:
+        if args.stabilizer is not None:
+            check_choice("stabilizer", args.stabilizer, STABILIZERS)
         first_run = checkpoint_files(args.checkpoints[0])[2]
         for path in args.checkpoints[1:]:
             checkpoint_files(path)
-    except FloorError as error:
+    except ValueError as error:  # FloorError, or check_choice's
         return fail(prog, error)
     out = Path(args.out) if args.out else first_run
     if out is None:

@@ -135,7 +135,7 @@ def test_main_writes_one_record_per_checkpoint(favor_run):
     ("softmax", "has no FAVOR+ attention layer"),
     ("bare-keras", "is not in a run folder; give --out"),
     ("bare-keras-out", "no run config.json to take the dataset from; give --dataset"),
-    ("stabilizer", "--stabilizer must be one of ('logits', 'exponent'), got 'max'"),
+    ("stabilizer", "Unknown stabilizer 'max'; expected one of ('logits', 'exponent')"),
 ])
 def test_bad_checkpoints_fail_in_one_line(favor_run, tmp_path, capsys, case, message):
     softmax = tmp_path / "softmax"
