@@ -42,7 +42,8 @@ from experiments import atomic, significance
 from experiments.history import largest_fall, read_history, validation_curve
 from experiments.metrics import read_metrics
 from experiments.run_config import EXECUTION_FIELDS
-from performer_keras.registry import POSITIONS, main_kernels, normalizes_qk
+from experiments.setting_ablations import SETTING_ABLATIONS
+from performer_keras.registry import POSITIONS, ignored_options, main_kernels, normalizes_qk
 
 CONFIDENCE = significance.CONFIDENCE
 BASELINE = "softmax-absolute"
@@ -247,15 +248,12 @@ def add_comparisons(cells):
     absolute positions, (K-P - softmax-P) - (K-absolute - softmax-absolute),
     which is the question itself: does the position close (> 0) the gap;
     init_from rows: "gain_over_scratch" (vs the variant trained from scratch);
-    learning_rate rows: "change_from_profile_rate" (vs the variant row, the
-    profile's rate) and, for a kernel other than softmax, "gap_to_softmax_same_rate"
-    (vs softmax at the same position and rate) and "gap_closed_by_rate", the
-    gap to softmax at this rate minus the gap at the profile's. Like the
-    init_from rows these are outside the Holm family.
+    the setting ablations' rows (`setting_ablations`): `setting_comparisons`.
+    Like the init_from rows these are outside the Holm family.
     """
     rows = {(c["dataset"], c["variant"]): c for c in cells if c["experiment"] == "variants"}
-    rates = {(c["dataset"], c["variant"], c["setting"]["learning_rate"]): c
-             for c in cells if c["experiment"] == "learning_rate"}
+    settings = {(c["experiment"], c["dataset"], c["variant"], c["setting"][c["experiment"]]): c
+                for c in cells if c["experiment"] in SETTING_ABLATIONS}
     for cell in cells:
         kernel, _, position = cell["variant"].partition("-")
         if cell["experiment"] == "variants":
@@ -271,18 +269,42 @@ def add_comparisons(cells):
         elif cell["experiment"] == "init_from":
             scratch = rows.get((cell["dataset"], cell["variant"]))
             cell["gain_over_scratch"] = _compare(cell, scratch, f"{cell['variant']} from scratch")
-        elif cell["experiment"] == "learning_rate":
-            rate = cell["setting"]["learning_rate"]
-            profile_rate = rows.get((cell["dataset"], cell["variant"]))
-            cell["change_from_profile_rate"] = _compare(cell, profile_rate, f"{cell['variant']} at the profile's rate")
-            if kernel != "softmax":
-                softmax = rates.get((cell["dataset"], f"softmax-{position}", rate))
-                cell["gap_to_softmax_same_rate"] = _compare(cell, softmax, f"softmax-{position} at {rate:g}")
-                cell["gap_closed_by_rate"] = _compare(
-                    cell, softmax,
-                    f"softmax-{position} at {rate:g} + ({cell['variant']} - softmax-{position}, the profile's rate)",
-                    minus=(profile_rate, rows.get((cell["dataset"], f"softmax-{position}"))))
+        elif cell["experiment"] in SETTING_ABLATIONS:
+            setting_comparisons(cell, rows, settings)
     return cells
+
+
+def setting_comparisons(cell, rows, settings):
+    """A setting ablation's row against the variant row and against softmax at the same value, in place.
+
+    With ablation A (`setting_ablations.SETTING_ABLATIONS`) and its `key`s:
+    "change_from_profile_<A>" (vs the variant row, the profile's value) and,
+    for a kernel other than softmax, "gap_to_softmax_same_<A>" (vs softmax at
+    the same position and value: its ablation row, or its variant row when
+    softmax does not read the field, as it reads no stabiliser) and, where
+    softmax was trained at the value, "gap_closed_by_<A>": the gap to softmax
+    at this value minus the gap at the profile's (against softmax's own row
+    it would repeat the change). `rows`: {(dataset, variant): variant row};
+    `settings`: {(experiment, dataset, variant, value): ablation row}.
+    """
+    ablation, dataset, variant = SETTING_ABLATIONS[cell["experiment"]], cell["dataset"], cell["variant"]
+    value = cell["setting"][ablation.field]
+    kernel, _, position = variant.partition("-")
+    own = rows.get((dataset, variant))
+    cell[ablation.key("change_from_profile")] = _compare(cell, own, f"{variant} {ablation.profile_words()}")
+    if kernel == "softmax":
+        return
+    softmax_name = f"softmax-{position}"
+    softmax_row = rows.get((dataset, softmax_name))
+    if ablation.field in ignored_options("softmax", position):
+        cell[ablation.key("gap_to_softmax_same")] = _compare(cell, softmax_row, softmax_name)
+        return
+    softmax = settings.get((ablation.field, dataset, softmax_name, value))
+    name = f"{softmax_name} {ablation.value_words(value)}"
+    cell[ablation.key("gap_to_softmax_same")] = _compare(cell, softmax, name)
+    cell[ablation.key("gap_closed_by")] = _compare(
+        cell, softmax, f"{name} + ({variant} - {softmax_name}, the profile's {ablation.noun})",
+        minus=(own, softmax_row))
 
 
 def normalization_index(cells):

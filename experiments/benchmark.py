@@ -15,6 +15,8 @@ own folder under results/<profile>/:
                                                               q/k normalisation switched from the variant's default
     ablations/learning_rate/<dataset>/<variant>-lr<rate>/seed<k>/
                                                               peak learning rate <rate> instead of the profile's
+    ablations/stabilizer/<dataset>/<variant>-stabilizer-<value>/seed<k>/
+                                                              FAVOR+'s stabiliser <value> instead of the profile's
 
 A run with metrics.json is finished and skipped; an unfinished one resumes from
 its last finished epoch; a folder holding a run of other settings is refused
@@ -38,8 +40,10 @@ is that row's folder, not a second copy.
 
 The queue runs the main table first, dataset by dataset, all seeds of a row
 before the next row, so that whole cells of the main table finish first; then
-the extra rows (exp, linformer), then the init-from, num_features, normalize_qk and learning_rate experiments. At the end aggregate.json is
-written (`aggregate.py`); the report is `python -m experiments.report`.
+the extra rows (exp, linformer), then the init-from, num_features and
+normalize_qk experiments and the setting ablations (learning_rate, stabilizer:
+`setting_ablations.py`). At the end aggregate.json is written
+(`aggregate.py`); the report is `python -m experiments.report`.
 
 Exit status: 0 when every queued run is finished or was left for lack of time
 (`--max-minutes`), 1 when some failed or were skipped, 2 for bad arguments.
@@ -61,11 +65,12 @@ from experiments.cli import SELECTION_OPTIONS, fail, interruptible, out_of_memor
 from experiments.history import read_history
 from experiments.metrics import read_metrics
 from experiments.run_config import RunError
+from experiments.setting_ablations import SETTING_ABLATIONS
 from performer_keras.options import check_choice
 
-EXPERIMENTS = ("variants", "init_from", "num_features", "normalize_qk", "learning_rate")
+EXPERIMENTS = ("variants", "init_from", "num_features", "normalize_qk", *SETTING_ABLATIONS)
 # The RunConfig field each ablation changes, recorded as its rows' "setting".
-ABLATION_FIELDS = ("num_features", "normalize_qk", "learning_rate")
+ABLATION_FIELDS = ("num_features", "normalize_qk", *SETTING_ABLATIONS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,14 +176,15 @@ def plan(profile, results_dir="results", variants=None, datasets=None, seeds=Non
                 for seed in ablation_seeds:
                     config = profile.config(variant, dataset, seed, epochs, normalize_qk=switched)
                     add(Job("normalize_qk", dataset, variant, label, seed, f"ablations/normalize_qk/{dataset}/{label}", config))
-    if "learning_rate" in experiments:
-        for dataset in (d for d in datasets if d in profile.learning_rate.get("datasets", ())):
-            for variant in filter(wanted, profile.learning_rate["variants"]):
-                for rate in profile.learning_rate["values"]:
-                    label = f"{variant}-lr{rate:g}"
+    for field, ablation in SETTING_ABLATIONS.items():
+        spec = getattr(profile, field) if field in experiments else {}
+        for dataset in (d for d in datasets if d in spec.get("datasets", ())):
+            for variant in filter(wanted, spec["variants"]):
+                for value in spec["values"]:
+                    label = ablation.label(variant, value)
                     for seed in ablation_seeds:
-                        config = profile.config(variant, dataset, seed, epochs, learning_rate=rate)
-                        add(Job("learning_rate", dataset, variant, label, seed, f"ablations/learning_rate/{dataset}/{label}", config))
+                        config = profile.config(variant, dataset, seed, epochs, **{field: value})
+                        add(Job(field, dataset, variant, label, seed, f"ablations/{field}/{dataset}/{label}", config))
     if "variants" in experiments and seeds is None:
         for dataset in (d for d in datasets if d in profile.more_seeds):
             for variant in filter(wanted, profile.variants):

@@ -13,8 +13,9 @@ import inspect
 from pathlib import Path
 
 from performer_keras.options import check_choice
-from performer_keras.registry import POSITIONS, list_variants, main_kernels
+from performer_keras.registry import POSITIONS, ignored_options, list_variants, main_kernels
 from experiments.run_config import RunConfig, RunError, read_hparams
+from experiments.setting_ablations import SETTING_ABLATIONS
 
 EXTRA_VARIANTS = tuple(v for v in list_variants(extra=True) if v not in list_variants())
 NUM_FEATURES_ABLATION = (16, 32, 64, 128, 256)
@@ -29,6 +30,10 @@ LINEAR_BASELINES = ("favor-absolute", "relu-absolute")
 # two-epoch pilot at half of it did not (results/reference-pilots/favor-collapse; these rows' first run fell in
 # its fourth epoch): they say, over the whole schedule and against softmax at the same rate, what the rate changes.
 REFERENCE_LEARNING_RATE = dict(variants=("favor-absolute", "softmax-absolute"), values=(5e-4,), datasets=("mnist",))
+# The mechanism of that collapse is FAVOR+'s epsilon floor (results/reference-pilots/favor-collapse, "Is it FAVOR+'s
+# epsilon floor?"): with the stabiliser taken over the whole exponent a two-epoch pilot did not fall. Softmax reads no
+# stabiliser, so its row is the baseline at either value.
+REFERENCE_STABILIZER = dict(variants=("favor-absolute",), values=("exponent",), datasets=("mnist", "cifar10"))
 INIT_FROM_VARIANTS = ("favor-absolute", "relu-absolute", "linformer-absolute")
 
 
@@ -66,10 +71,12 @@ class Profile:
             normalisation switched from the variant's default (on for
             absolute, off for kerple), so that the table separates the effect
             of the position from that of the normalisation (empty: none).
-        learning_rate: {"variants": ..., "values": ..., "datasets": ...}
-            trained at each peak learning rate in `values` instead of the
-            profile's (empty: none); a value equal to the profile's would be
-            the variant row, and is refused.
+        learning_rate, stabilizer: {"variants": ..., "values": ..., "datasets": ...}
+            trained with that RunConfig field at each of `values` instead of
+            the profile's (`setting_ablations`; empty: none); a value equal to
+            the profile's would be the variant row, and a variant that does
+            not read the field would train the variant row again: both are
+            refused.
         hparams_dir: folder of the tuner's <dataset>/<variant>/best_hparams.json;
             the searched hyperparameters of a variant that has one replace
             `settings` (None: not tuned).
@@ -90,6 +97,7 @@ class Profile:
     init_from: dict = dataclasses.field(default_factory=dict)
     normalize_qk: dict = dataclasses.field(default_factory=dict)
     learning_rate: dict = dataclasses.field(default_factory=dict)
+    stabilizer: dict = dataclasses.field(default_factory=dict)
     hparams_dir: str | None = None
     dataset_settings: dict = dataclasses.field(default_factory=dict)
     pipeline_check: bool = False
@@ -102,10 +110,17 @@ class Profile:
         for settings in [self.settings, *self.dataset_settings.values()]:
             if settings.get("limit") is not None and settings.get("limit_test", True):
                 raise ValueError(f"profile {self.name!r} limits the test split: a limit needs limit_test=False")
-        own_rate = self.settings.get("learning_rate", RunConfig.learning_rate)
-        if own_rate in self.learning_rate.get("values", ()):
-            raise ValueError(f"profile {self.name!r} lists its own learning rate {own_rate:g} in its learning_rate "
-                             "ablation: those runs are the variant rows")
+        for field, ablation in SETTING_ABLATIONS.items():
+            spec = getattr(self, field)
+            own = self.settings.get(field, getattr(RunConfig, field))
+            if own in spec.get("values", ()):
+                raise ValueError(f"profile {self.name!r} lists its own {ablation.name} {ablation.text(own)} in its "
+                                 f"{field} ablation: those runs are the variant rows")
+            for variant in spec.get("variants", ()):
+                kernel, _, position = variant.partition("-")
+                if field in ignored_options(kernel, position, self.settings.get("normalize_qk")):
+                    raise ValueError(f"profile {self.name!r} ablates {field} of {variant}, which does not read it: "
+                                     "those runs would be its variant row")
 
     def hparams_file(self, variant, dataset):
         """The tuner's best_hparams.json of (variant, dataset), or None."""
@@ -163,7 +178,10 @@ def reference():
     at a peak learning rate of 5e-4 (`REFERENCE_LEARNING_RATE`; added on
     2026-11-28, after the MNIST table, when a two-epoch pilot saw
     favor-absolute collapse at 1e-3 and not at 5e-4): whether FAVOR+'s gap
-    is the learning rate's.
+    is the learning rate's. And favor-absolute with `--stabilizer exponent`
+    on MNIST and CIFAR-10 (`REFERENCE_STABILIZER`; added on 2026-11-29, after
+    a pilot traced the collapse to FAVOR+'s epsilon floor): whether the gap is
+    the Performer's stabiliser's.
 
     Command (a GPU machine, JAX backend of Keras):
         KERAS_BACKEND=jax python -m experiments.benchmark --profile reference
@@ -207,6 +225,7 @@ def reference():
         init_from=dict(variants=INIT_FROM_VARIANTS, datasets=("mnist", "cifar10")),
         normalize_qk=dict(variants=REFERENCE_NORMALIZE_QK_VARIANTS, datasets=("mnist", "cifar10")),
         learning_rate=REFERENCE_LEARNING_RATE,
+        stabilizer=REFERENCE_STABILIZER,
     )
 
 
@@ -260,6 +279,7 @@ def small():
         settings=dict(size="small", num_features=16, batch_size=64, limit=2500, limit_test=False, qk_norm=1.0),
         normalize_qk={},
         learning_rate={},
+        stabilizer={},
         pipeline_check=True,
     )
 
@@ -396,7 +416,7 @@ def tuned():
     base = reference()
     return dataclasses.replace(
         base, name="tuned", doc=inspect.getdoc(tuned), num_features={}, init_from={}, normalize_qk={}, learning_rate={},
-        hparams_dir="tuning_results",
+        stabilizer={}, hparams_dir="tuning_results",
     )
 
 

@@ -37,6 +37,7 @@ from experiments.cli import SELECTION_OPTIONS, fail, parser, start_backend
 from experiments.markdown import table_lines
 from experiments.run_config import LATER_FIELDS, RunError
 from experiments.saliency import SALIENCY_IMAGES, plot_saliency
+from experiments.setting_ablations import SETTING_ABLATIONS
 from performer_keras.registry import POSITIONS
 
 
@@ -326,7 +327,8 @@ def answer_lines(aggregated):
 def ablation_lines(aggregated):
     lines = num_features_lines(aggregated)
     lines += normalization_lines(aggregated)
-    lines += learning_rate_lines(aggregated)
+    for ablation in SETTING_ABLATIONS.values():
+        lines += setting_lines(aggregated, ablation)
     cells = _by(aggregated["cells"], "init_from")
     if cells:
         scratch = {(c["dataset"], c["variant"]): c for c in _by(aggregated["cells"], "variants")}
@@ -378,37 +380,38 @@ def num_features_lines(aggregated):
     return lines
 
 
-def learning_rate_lines(aggregated):
-    """The rows trained at another peak learning rate: accuracies beside the variant rows', then paired contrasts."""
-    cells = _by(aggregated["cells"], "learning_rate")
+def setting_lines(aggregated, ablation):
+    """The rows of a setting ablation (`setting_ablations`): accuracies beside the variant rows', then paired
+    contrasts."""
+    field, noun, profiles = ablation.field, ablation.noun, ablation.profile_words()
+    cells = _by(aggregated["cells"], field)
     if not cells:
         return []
     own = {(c["dataset"], c["variant"]): c for c in _by(aggregated["cells"], "variants")}
-    rates = {(c["config"] or {}).get("learning_rate") for c in own.values() if c["config"]} - {None}
-    own_text = " or ".join(f"{r:g}" for r in sorted(rates)) or "the profile's"
+    values = {(c["config"] or {}).get(field, LATER_FIELDS.get(field)) for c in own.values() if c["config"]} - {None}
+    own_text = " or ".join(ablation.text(v) for v in sorted(values)) or "the profile's"
     rows = []
     for c in cells:
         base = own.get((c["dataset"], c["variant"]))
         rows.append([dataset_name(c["dataset"]), c["variant"], accuracy_text(base) if base else "–",
-                     f"{c['setting']['learning_rate']:g}", accuracy_text(c), fall_text(base) if base else "–",
+                     ablation.text(c["setting"][field]), accuracy_text(c), fall_text(base) if base else "–",
                      fall_text(c)])
-    lines = ["## Ablation: the peak learning rate", "",
-             f"The profile's schedule (warm-up, then cosine decay) with another peak learning rate than its own "
-             f"({own_text}). Test accuracy %, as in the main table (the profile's-rate column is the main table's "
-             "row), and each seed's largest fall of validation accuracy below its best earlier epoch (seed: points, "
-             "the epoch of the low in brackets):", ""]
-    lines += table_lines(["dataset", "variant", "at the profile's rate", "rate", "at this rate",
-                          "fall at the profile's rate", "fall at this rate"], rows) + [""]
-    keys = {"change_from_profile_rate": "this rate − the profile's", "gap_to_softmax_same_rate": "gap to softmax",
-            "gap_closed_by_rate": "gap closed by the rate"}
-    contrasts = [[dataset_name(c["dataset"]), c["variant"], f"{c['setting']['learning_rate']:g}", words,
+    lines = [f"## Ablation: {ablation.heading}", "",
+             f"{ablation.about.format(own=own_text)}. Test accuracy %, as in the main table (the profile's-{noun} column is "
+             "the main table's row), and each seed's largest fall of validation accuracy below its best earlier epoch "
+             "(seed: points, the epoch of the low in brackets):", ""]
+    this = f"{ablation.preposition} this {noun}"
+    lines += table_lines(["dataset", "variant", profiles, noun, this, f"fall {profiles}", f"fall {this}"], rows) + [""]
+    keys = {ablation.key("change_from_profile"): f"this {noun} − the profile's",
+            ablation.key("gap_to_softmax_same"): "gap to softmax", ablation.key("gap_closed_by"): f"gap closed by the {noun}"}
+    contrasts = [[dataset_name(c["dataset"]), c["variant"], ablation.text(c["setting"][field]), words,
                   c[key]["baseline"], test_text(c[key])]
                  for c in cells for key, words in keys.items() if (c.get(key) or {}).get("mean") is not None]
     if contrasts:
         lines += [f"Paired contrasts, percentage points [{round(100 * aggregated['confidence'])}% CI], two-sided p, "
-                  "MDE; outside the Holm family (they ask whether the gap is the learning rate's), so each p is "
+                  f"MDE; outside the Holm family (they ask whether the gap is the {ablation.name}'s), so each p is "
                   "uncorrected:", ""]
-        lines += table_lines(["dataset", "variant", "rate", "contrast", "against", "difference"], contrasts) + [""]
+        lines += table_lines(["dataset", "variant", noun, "contrast", "against", "difference"], contrasts) + [""]
     return lines
 
 
@@ -450,7 +453,7 @@ def normalization_lines(aggregated):
 # The parts of a queue (`aggregate.queue_part`) in the report's words; "main table" and "extra rows" read as they are.
 PART_NAMES = {"more seeds": "seeds beyond the main table's", "init_from": "init-from ablation",
               "num_features": "num_features ablation", "normalize_qk": "q/k normalisation ablation",
-              "learning_rate": "learning-rate ablation"}
+              **{field: f"{ablation.name.replace(' ', '-')} ablation" for field, ablation in SETTING_ABLATIONS.items()}}
 
 
 def progress_parts(aggregated):
