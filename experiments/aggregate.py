@@ -281,11 +281,15 @@ def setting_comparisons(cell, rows, settings):
     "change_from_profile_<A>" (vs the variant row, the profile's value) and,
     for a kernel other than softmax, "gap_to_softmax_same_<A>" (vs softmax at
     the same position and value: its ablation row, or its variant row when
-    softmax does not read the field, as it reads no stabiliser) and, where
+    softmax does not read the field, as it reads no stabiliser); where
     softmax was trained at the value, "gap_closed_by_<A>": the gap to softmax
     at this value minus the gap at the profile's (against softmax's own row
-    it would repeat the change). `rows`: {(dataset, variant): variant row};
-    `settings`: {(experiment, dataset, variant, value): ablation row}.
+    it would repeat the change); and for a relative position P,
+    "interaction_same_<A>": the main table's interaction at this value,
+    (K-P - softmax-P) - (K-absolute - softmax-absolute), all at the value:
+    does the position close the gap that is left. `rows`: {(dataset,
+    variant): variant row}; `settings`: {(experiment, dataset, variant,
+    value): ablation row}.
     """
     ablation, dataset, variant = SETTING_ABLATIONS[cell["experiment"]], cell["dataset"], cell["variant"]
     value = cell["setting"][ablation.field]
@@ -294,17 +298,26 @@ def setting_comparisons(cell, rows, settings):
     cell[ablation.key("change_from_profile")] = _compare(cell, own, f"{variant} {ablation.profile_words()}")
     if kernel == "softmax":
         return
-    softmax_name = f"softmax-{position}"
-    softmax_row = rows.get((dataset, softmax_name))
-    if ablation.field in ignored_options("softmax", position):
-        cell[ablation.key("gap_to_softmax_same")] = _compare(cell, softmax_row, softmax_name)
-        return
-    softmax = settings.get((ablation.field, dataset, softmax_name, value))
-    name = f"{softmax_name} {ablation.value_words(value)}"
-    cell[ablation.key("gap_to_softmax_same")] = _compare(cell, softmax, name)
-    cell[ablation.key("gap_closed_by")] = _compare(
-        cell, softmax, f"{name} + ({variant} - {softmax_name}, the profile's {ablation.noun})",
-        minus=(own, softmax_row))
+
+    def at_value(name):
+        """(the cell of `name` at the value, its name in a baseline)."""
+        if ablation.field in ignored_options(*name.split("-", 1)):
+            return rows.get((dataset, name)), name
+        return settings.get((ablation.field, dataset, name, value)), f"{name} {ablation.value_words(value)}"
+
+    softmax, softmax_name = at_value(f"softmax-{position}")
+    cell[ablation.key("gap_to_softmax_same")] = _compare(cell, softmax, softmax_name)
+    softmax_row = rows.get((dataset, f"softmax-{position}"))
+    if softmax is not softmax_row:
+        cell[ablation.key("gap_closed_by")] = _compare(
+            cell, softmax, f"{softmax_name} + ({variant} - softmax-{position}, the profile's {ablation.noun})",
+            minus=(own, softmax_row))
+    if position != "absolute":
+        (absolute, absolute_name), (softmax_absolute, softmax_absolute_name) = (
+            at_value(f"{kernel}-absolute"), at_value(BASELINE))
+        cell[ablation.key("interaction_same")] = _compare(
+            cell, softmax, f"{softmax_name} + ({absolute_name} - {softmax_absolute_name})",
+            minus=(absolute, softmax_absolute))
 
 
 def normalization_index(cells):

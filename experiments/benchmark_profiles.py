@@ -30,10 +30,12 @@ LINEAR_BASELINES = ("favor-absolute", "relu-absolute")
 # two-epoch pilot at half of it did not (results/reference-pilots/favor-collapse; these rows' first run fell in
 # its fourth epoch): they say, over the whole schedule and against softmax at the same rate, what the rate changes.
 REFERENCE_LEARNING_RATE = dict(variants=("favor-absolute", "softmax-absolute"), values=(5e-4,), datasets=("mnist",))
-# The mechanism of that collapse is FAVOR+'s epsilon floor (results/reference-pilots/favor-collapse, "Is it FAVOR+'s
-# epsilon floor?"): with the stabiliser taken over the whole exponent a two-epoch pilot did not fall. Softmax reads no
-# stabiliser, so its row is the baseline at either value.
-REFERENCE_STABILIZER = dict(variants=("favor-absolute",), values=("exponent",), datasets=("mnist", "cifar10"))
+# The mechanism of that collapse, which rope and string share without q/k normalisation, is FAVOR+'s epsilon floor
+# (results/reference-pilots/favor-collapse, "Is it FAVOR+'s epsilon floor?"): with the stabiliser taken over the whole
+# exponent a two-epoch pilot did not fall. So these rows ask the main table's question again where FAVOR+ does not
+# collapse. Softmax reads no stabiliser, so its rows are the baselines at either value; kerple normalises q and k.
+REFERENCE_STABILIZER = dict(variants=("favor-absolute", "favor-rope", "favor-string"), values=("exponent",),
+                            datasets=("mnist", "cifar10"))
 INIT_FROM_VARIANTS = ("favor-absolute", "relu-absolute", "linformer-absolute")
 
 
@@ -178,10 +180,11 @@ def reference():
     at a peak learning rate of 5e-4 (`REFERENCE_LEARNING_RATE`; added on
     2026-11-28, after the MNIST table, when a two-epoch pilot saw
     favor-absolute collapse at 1e-3 and not at 5e-4): whether FAVOR+'s gap
-    is the learning rate's. And favor-absolute with `--stabilizer exponent`
-    on MNIST and CIFAR-10 (`REFERENCE_STABILIZER`; added on 2026-11-29, after
-    a pilot traced the collapse to FAVOR+'s epsilon floor): whether the gap is
-    the Performer's stabiliser's.
+    is the learning rate's. And favor-absolute, -rope and -string with
+    `--stabilizer exponent` on MNIST and CIFAR-10 (`REFERENCE_STABILIZER`;
+    added on 2026-11-29, after a pilot traced the collapse to FAVOR+'s
+    epsilon floor): whether the gap is the Performer's stabiliser's, and
+    whether a relative position closes what is left of it.
 
     Command (a GPU machine, JAX backend of Keras):
         KERAS_BACKEND=jax python -m experiments.benchmark --profile reference

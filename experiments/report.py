@@ -403,7 +403,8 @@ def setting_lines(aggregated, ablation):
     this = f"{ablation.preposition} this {noun}"
     lines += table_lines(["dataset", "variant", profiles, noun, this, f"fall {profiles}", f"fall {this}"], rows) + [""]
     keys = {ablation.key("change_from_profile"): f"this {noun} − the profile's",
-            ablation.key("gap_to_softmax_same"): "gap to softmax", ablation.key("gap_closed_by"): f"gap closed by the {noun}"}
+            ablation.key("gap_to_softmax_same"): "gap to softmax", ablation.key("gap_closed_by"): f"gap closed by the {noun}",
+            ablation.key("interaction_same"): "gap closed by the position"}
     contrasts = [[dataset_name(c["dataset"]), c["variant"], ablation.text(c["setting"][field]), words,
                   c[key]["baseline"], test_text(c[key])]
                  for c in cells for key, words in keys.items() if (c.get(key) or {}).get("mean") is not None]

@@ -574,34 +574,43 @@ def test_learning_rate_rows_read_the_gap_at_their_own_rate(tmp_path):
 
 
 def test_stabilizer_rows_read_favor_against_softmax_s_own_row(tmp_path):
-    # Softmax reads no stabiliser: its row is the baseline at either value, and a gap closed would repeat the change.
+    # Softmax reads no stabiliser: its rows are the baselines at either value, and a gap closed would repeat the change.
     table = {("softmax-absolute", "logits"): (0.988, 0.987, 0.989), ("favor-absolute", "logits"): (0.975, 0.980, 0.970),
-             ("favor-absolute", "exponent"): (0.986, 0.983, 0.988)}
+             ("favor-absolute", "exponent"): (0.986, 0.983, 0.988), ("softmax-rope", "logits"): (0.990, 0.989, 0.991),
+             ("favor-rope", "logits"): (0.965, 0.950, 0.970), ("favor-rope", "exponent"): (0.990, 0.984, 0.987)}
     profile = get_profile("reference")
-    jobs = benchmark.plan(profile, tmp_path, variants=["favor-absolute", "softmax-absolute"], datasets=["mnist"],
-                          experiments=["variants", "stabilizer"])
+    jobs = benchmark.plan(profile, tmp_path, variants=["favor-absolute", "softmax-absolute", "favor-rope", "softmax-rope"],
+                          datasets=["mnist"], experiments=["variants", "stabilizer"])
     root = benchmark.profile_root(tmp_path, profile)
     changed = [job for job in jobs if job.experiment == "stabilizer"]
     assert [(job.cell, job.seed) for job in changed] == [
-        ("ablations/stabilizer/mnist/favor-absolute-stabilizer-exponent", seed) for seed in (0, 1, 2)]
+        (f"ablations/stabilizer/mnist/favor-{position}-stabilizer-exponent", seed)
+        for position in ("absolute", "rope") for seed in (0, 1, 2)]
     for job in jobs:
         assert job.config == profile.config(job.variant, "mnist", job.seed, stabilizer=job.config.stabilizer)
         fake_run(job.folder(root), job.config, table[(job.variant, job.config.stabilizer)][job.seed], [0.9, 0.95],
                  test_examples=10_000)
     result = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))
-    favor = next(c for c in result["cells"] if c["experiment"] == "stabilizer")
-    assert favor["setting"] == {"stabilizer": "exponent"}
-    # By hand: favor with the exponent minus with the logits .011, .003, .018; minus softmax -.002, -.004, -.001.
-    assert favor["change_from_profile_stabilizer"]["mean"] == pytest.approx(0.032 / 3)
-    assert favor["change_from_profile_stabilizer"]["baseline"] == "favor-absolute with the profile's stabiliser"
-    assert favor["gap_to_softmax_same_stabilizer"]["mean"] == pytest.approx(-0.007 / 3)
-    assert favor["gap_to_softmax_same_stabilizer"]["baseline"] == "softmax-absolute"
-    assert "gap_closed_by_stabilizer" not in favor
+    absolute, rope = (c for c in result["cells"] if c["experiment"] == "stabilizer")
+    assert absolute["setting"] == rope["setting"] == {"stabilizer": "exponent"}
+    # By hand: favor-absolute with the exponent minus with the logits .011, .003, .018; minus softmax -.002, -.004, -.001.
+    assert absolute["change_from_profile_stabilizer"]["mean"] == pytest.approx(0.032 / 3)
+    assert absolute["change_from_profile_stabilizer"]["baseline"] == "favor-absolute with the profile's stabiliser"
+    assert absolute["gap_to_softmax_same_stabilizer"]["mean"] == pytest.approx(-0.007 / 3)
+    assert absolute["gap_to_softmax_same_stabilizer"]["baseline"] == "softmax-absolute"
+    assert "gap_closed_by_stabilizer" not in absolute and "interaction_same_stabilizer" not in absolute
+    # favor-rope minus softmax-rope, both at the exponent: .000, -.005, -.004; less favor-absolute's gap above:
+    # .002, -.001, -.003.
+    assert rope["gap_to_softmax_same_stabilizer"]["mean"] == pytest.approx(-0.009 / 3)
+    assert rope["interaction_same_stabilizer"]["mean"] == pytest.approx(-0.002 / 3)
+    assert rope["interaction_same_stabilizer"]["baseline"] == (
+        "softmax-rope + (favor-absolute with exponent - softmax-absolute)")
     readme = report.render(result, {})
     assert "## Ablation: FAVOR+'s stabiliser" in readme
     assert "than the profile's (logits)" in readme
     assert "| MNIST | favor-absolute | exponent | gap to softmax | softmax-absolute |" in readme
-    assert "stabiliser ablation 3 of 3" in readme
+    assert "| MNIST | favor-rope | exponent | gap closed by the position | softmax-rope + (favor-absolute with " in readme
+    assert "stabiliser ablation 6 of 6" in readme
     with pytest.raises(ValueError, match="lists its own stabiliser logits"):
         dataclasses.replace(profile, stabilizer=dict(variants=("favor-absolute",), values=("logits",), datasets=("mnist",)))
     with pytest.raises(ValueError, match="ablates stabilizer of relu-rope, which does not read it"):
