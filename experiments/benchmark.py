@@ -235,8 +235,9 @@ def expected_seconds(job, root, statistic=max, device=None):
     """Seconds `job` still needs, from the epochs of finished runs like it; None without any.
 
     Runs of the job's own cell are asked first, then the variant's main-table
-    row (an ablation of it costs about as much), then any finished row of the
-    dataset; where the job sets jit_compile, only runs that ran with its
+    row (an ablation of it costs about as much), then any finished run of the
+    dataset, ablations included (on a device that has run only ablations,
+    they are all it has to tell its speed); where the job sets jit_compile, only runs that ran with its
     setting count (`aggregate.ran_with_xla`: XLA changes an epoch's time by up
     to 1.6x on this project's CPU). With `device` (`latency.device_name()`),
     only runs whose metrics.json names that device count: one results tree
@@ -271,8 +272,9 @@ def expected_seconds(job, root, statistic=max, device=None):
         return first, statistic(later) if later else first
 
     rows = Path(root) / "runs" / job.dataset
+    dataset_runs = [*rows.glob("*/seed*"), *Path(root).glob(f"ablations/*/{job.dataset}/*/seed*")]
     times = (epoch_times_of(job.folder(root).parent.glob("seed*")) or epoch_times_of((rows / job.variant).glob("seed*"))
-             or epoch_times_of(rows.glob("*/seed*")))
+             or epoch_times_of(dataset_runs))
     if times is None:
         return None
     first, later = times

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -781,6 +782,11 @@ def test_a_deadline_and_the_forecast_read_the_runs_of_one_device_first(tmp_path)
     assert benchmark.expected_seconds(second, root, device="gpu: fast") == 10.0
     assert benchmark.expected_seconds(fourth, root, device="cpu: slow (2 cores)") == 600.0
     assert benchmark.expected_seconds(second, root, device="gpu: other") is None
+    # A device that ran only an ablation of the dataset is judged by it, not by another device's row.
+    ablation = root / "ablations" / "stabilizer" / "mnist" / "favor-absolute-stabilizer-exponent" / "seed0"
+    _fake_finished_run(ablation, [20.0], device="gpu: other")
+    assert benchmark.expected_seconds(second, root, device="gpu: other") == 20.0
+    shutil.rmtree(ablation)
 
     def queue(device):
         with mock.patch("experiments.training.train", return_value={"test_accuracy": 0.5}) as train:
