@@ -106,6 +106,8 @@ def test_text(test):
     """A paired test in percentage points: "+1.67 [-1.20, 4.54], p 0.130, Holm 0.518: not separated; MDE 3.77"."""
     if not test or "mean" not in test:
         return "–"
+    if test.get("n") == 1:
+        return f"{100 * test['mean']:+.2f} (one pair: no interval, no test)"
     text = f"{100 * test['mean']:+.2f} {_interval(test)}, p {_p(test.get('p_value'))}"
     if test.get("p_holm") is not None:
         text += f", Holm {_p(test['p_holm'])}: {test['verdict']}"

@@ -612,6 +612,8 @@ def test_stabilizer_rows_read_favor_against_softmax_s_own_row(tmp_path):
     assert "| MNIST | favor-absolute | exponent | gap to softmax | softmax-absolute |" in readme
     assert "| MNIST | favor-rope | exponent | gap closed by the position | softmax-rope + (favor-absolute with " in readme
     assert "stabiliser ablation 6 of 6" in readme
+    # One finished pair is a difference without an interval or a test, and says so.
+    assert report.test_text(aggregate.paired_difference({0: 0.986}, {0: 0.975})) == "+1.10 (one pair: no interval, no test)"
     with pytest.raises(ValueError, match="lists its own stabiliser logits"):
         dataclasses.replace(profile, stabilizer=dict(variants=("favor-absolute",), values=("logits",), datasets=("mnist",)))
     with pytest.raises(ValueError, match="ablates stabilizer of relu-rope, which does not read it"):
