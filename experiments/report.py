@@ -385,7 +385,7 @@ def num_features_lines(aggregated):
 def setting_lines(aggregated, ablation):
     """The rows of a setting ablation (`setting_ablations`): accuracies beside the variant rows', then paired
     contrasts."""
-    field, noun, profiles = ablation.field, ablation.noun, ablation.profile_words()
+    field, noun, at_profile = ablation.field, ablation.noun, ablation.profile_words()
     cells = _by(aggregated["cells"], field)
     if not cells:
         return []
@@ -403,7 +403,7 @@ def setting_lines(aggregated, ablation):
              "the main table's row), and each seed's largest fall of validation accuracy below its best earlier epoch "
              "(seed: points, the epoch of the low in brackets):", ""]
     this = f"{ablation.preposition} this {noun}"
-    lines += table_lines(["dataset", "variant", profiles, noun, this, f"fall {profiles}", f"fall {this}"], rows) + [""]
+    lines += table_lines(["dataset", "variant", at_profile, noun, this, f"fall {at_profile}", f"fall {this}"], rows) + [""]
     keys = {ablation.key("change_from_profile"): f"this {noun} − the profile's",
             ablation.key("gap_to_softmax_same"): "gap to softmax", ablation.key("gap_closed_by"): f"gap closed by the {noun}",
             ablation.key("interaction_same"): "gap closed by the position"}
