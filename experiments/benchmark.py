@@ -50,6 +50,7 @@ Exit status: 0 when every queued run is finished or was left for lack of time
 """
 
 import dataclasses
+import itertools
 import json
 import os
 import statistics
@@ -237,9 +238,9 @@ def expected_seconds(job, root, statistic=max, device=None):
     Runs of the job's own cell are asked first, then the variant's main-table
     row (an ablation of it costs about as much), then any finished run of the
     dataset, ablations included (on a device that has run only ablations,
-    they are all it has to tell its speed); where the job sets jit_compile, only runs that ran with its
-    setting count (`aggregate.ran_with_xla`: XLA changes an epoch's time by up
-    to 1.6x on this project's CPU). With `device` (`latency.device_name()`),
+    they are all it has to tell its speed); where the job sets jit_compile,
+    only runs that ran with its setting count (`aggregate.ran_with_xla`: XLA
+    changes an epoch's time by up to 1.6x on this project's CPU). With `device` (`latency.device_name()`),
     only runs whose metrics.json names that device count: one results tree
     holds a GPU's runs beside CPUs' runs whose epochs take tens of times
     longer. Epochs the run already has (a resumed run) are not counted again. A session's first epoch also compiles the
@@ -272,7 +273,8 @@ def expected_seconds(job, root, statistic=max, device=None):
         return first, statistic(later) if later else first
 
     rows = Path(root) / "runs" / job.dataset
-    dataset_runs = [*rows.glob("*/seed*"), *Path(root).glob(f"ablations/*/{job.dataset}/*/seed*")]
+    # Globs are lazy: the whole tree is read only when the job's cell and row have no run to judge from.
+    dataset_runs = itertools.chain(rows.glob("*/seed*"), Path(root).glob(f"ablations/*/{job.dataset}/*/seed*"))
     times = (epoch_times_of(job.folder(root).parent.glob("seed*")) or epoch_times_of((rows / job.variant).glob("seed*"))
              or epoch_times_of(dataset_runs))
     if times is None:

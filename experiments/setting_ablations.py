@@ -48,7 +48,8 @@ class SettingAblation:
         return f"{variant}-{self.tag}{self.text(value)}"
 
     def key(self, comparison):
-        """"change_from_profile", "gap_to_softmax_same" or "gap_closed_by" as the key of this ablation's cells."""
+        """A comparison ("change_from_profile", "gap_to_softmax_same", "gap_closed_by", "interaction_same") as the
+        key of this ablation's cells (`aggregate.setting_comparisons`)."""
         return f"{comparison}_{self.suffix}"
 
     def profile_words(self):
