@@ -20,7 +20,9 @@ measures in alternating rounds, the first a warm-up:
 
 With ``--baseline PATH`` (a checkout of another commit, e.g. ``git worktree
 add /tmp/old <commit>``), child processes alternate between that code and
-this one, measuring train.py's path on the default backend.
+this one, measuring train.py's path on the first of ``--backends``, each
+checkout as its own commands run (one older than `experiments.huge_pages`
+without huge pages, `baseline_environment`).
 ``--num-features M`` gives every model m = M random features (the `cpu`
 profile's 16 against train.py's default 64, at head dimension 16 here) and
 writes ``engine-m<M>.json``; ``--rounds R`` times R rounds instead of 3
@@ -162,14 +164,24 @@ def baseline_comparison(baseline, backend, task=TASK, log=print):
     """train.py's path here and at `baseline`, child processes alternating `BASELINE_ROUNDS` times."""
     task = dict(task, subjects=["train_path"], rounds=1)
     samples = {"this": [], "baseline": []}
-    # The baseline's commands ran as started, without the huge pages this code's commands turn on.
-    envs = {"this": None, "baseline": huge_pages_variables(huge_pages.without_tunable)}
+    envs = {"this": None, "baseline": baseline_environment(baseline)}
     for _ in range(BASELINE_ROUNDS):
         for name, code in (("this", REPO), ("baseline", Path(baseline).resolve())):
             samples[name] += medians(run_child(task, backend, code, log, env=envs[name]))[1]["train_path"]
     this, base = statistics.median(samples["this"]), statistics.median(samples["baseline"])
     return {"baseline_code": str(Path(baseline).resolve()), "backend": backend, "samples": samples,
             "this_images_per_second": this, "baseline_images_per_second": base, "train_path_over_baseline": this / base}
+
+
+def baseline_environment(baseline):
+    """What a baseline child's environment changes: its commands as they ran when started from a shell.
+
+    A checkout with `experiments.huge_pages` turns huge pages on itself, so it
+    inherits this process's; an older one ran without them.
+    """
+    if (Path(baseline) / "experiments" / "huge_pages.py").exists():
+        return None
+    return huge_pages_variables(huge_pages.without_tunable)
 
 
 def concurrent_train_path(task, backend, workers, log=print, mps=None):

@@ -593,23 +593,33 @@ def test_engine_workers_train_at_once_on_jax():
     assert len(result["per_worker_images_per_second"]) == 2 and min(result["per_worker_images_per_second"]) > 0
 
 
-def test_engine_baseline_alternates_processes_and_takes_medians(monkeypatch):
+def test_engine_baseline_alternates_processes_and_takes_medians(monkeypatch, tmp_path):
+    from experiments import huge_pages
     from profiles import engine
 
     calls = []
 
     def fake_child(task, backend, code, log, env=None):
-        calls.append((Path(code).name, task["num_features"], task["subjects"]))
+        calls.append((Path(code).name, task["num_features"], task["subjects"], env))
         speed = 300.0 if Path(code) == engine.REPO else 100.0 + len(calls)
         return [{"event": "sample", "subject": "train_path", "warmup": False, "images_per_second": speed}]
 
     monkeypatch.setattr(engine, "run_child", fake_child)
-    result = engine.baseline_comparison("/tmp/old", "tensorflow", dict(engine.TASK, num_features=16),
-                                        log=lambda line: None)
-    # Both checkouts measure the same task, m included.
-    assert calls == [(engine.REPO.name, 16, ["train_path"]), ("old", 16, ["train_path"])] * engine.BASELINE_ROUNDS
+    old = tmp_path / "old"
+    old.mkdir()
+    result = engine.baseline_comparison(old, "tensorflow", dict(engine.TASK, num_features=16), log=lambda line: None)
+    # Both checkouts measure the same task, m included; a checkout older than experiments/huge_pages.py
+    # runs without huge pages, as its commands did, and this one as it was started.
+    without = engine.huge_pages_variables(huge_pages.without_tunable)
+    assert without["PERFORMER_HUGE_PAGES"] == "0"
+    assert calls == [(engine.REPO.name, 16, ["train_path"], None), ("old", 16, ["train_path"], without)] * engine.BASELINE_ROUNDS
     assert result["baseline_images_per_second"] == statistics.median([102.0, 104.0])
     assert result["train_path_over_baseline"] == pytest.approx(300.0 / 103.0)
+    (old / "experiments").mkdir()
+    (old / "experiments" / "huge_pages.py").touch()
+    calls.clear()
+    engine.baseline_comparison(old, "tensorflow", dict(engine.TASK, num_features=16), log=lambda line: None)
+    assert [call[3] for call in calls] == [None, None] * engine.BASELINE_ROUNDS
 
 
 # === bfloat16 against float32 ===
