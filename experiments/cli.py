@@ -172,8 +172,8 @@ OPTIONS = {
     "qk-norm": dict(type=positive_float, help="with --normalize-qk, the norm of q and k in units of sqrt(d) (default 0.25; Luo et al.'s is 1)"),
     "absolute-position": dict(**_SWITCH, help="add the learned absolute embedding"),
     "linformer-dim": dict(type=positive_int, help="projected length k of linformer"),
-    "stabilizer": dict(help="favor: what the features' stabiliser is the maximum of, logits (the Performer's, default) "
-                            "or exponent (keeps long keys from pushing the others under the epsilon floor)"),
+    "stabilizer": dict(help="favor: what the features' stabiliser is the maximum of, exponent (default: keeps long keys "
+                            "from pushing the others under the epsilon floor) or logits (the Performer's, the profiles')"),
     "precision": dict(help="float32, mixed_bfloat16 or mixed_float16"),
     "jit-compile": dict(**_SWITCH, help="compile the training step with XLA (default: on; --no-jit-compile turns it off on TensorFlow)"),
     # How to train.

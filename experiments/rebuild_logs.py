@@ -66,8 +66,7 @@ def rebuild(folder):
                                                 if key != "epoch" and value not in ("", None)})
     curves.on_train_end()
     log_test_metrics(logs / "test", metrics, step=len(rows))
-    # A field missing from an older config.json takes the value such runs had (`run_config.LATER_FIELDS`).
-    log_hparams(logs, RunConfig(**recorded))
+    log_hparams(logs, RunConfig.from_recorded(recorded))
     (logs / REBUILT_NOTE).write_text(
         f"Rebuilt on {datetime.date.today().isoformat()} by `python -m experiments.rebuild_logs {folder}` from this "
         "run's history.csv, metrics.json and config.json; the event files' wall times are the rebuild's.\n")

@@ -4,7 +4,8 @@ import dataclasses
 import json
 
 from experiments.cli import MAX_SEED
-from performer_keras.options import ROTATION_ORDERS, STABILIZERS, check_choice, check_finite, check_fraction, check_non_negative, check_positive
+from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZERS, check_choice, check_finite,
+                                     check_fraction, check_non_negative, check_positive)
 from performer_keras.registry import (DEFAULT_QK_NORM, SIZES, ignored_options, list_variants, model_config, normalizes_qk,
                                       parse_variant)
 
@@ -60,7 +61,7 @@ class RunConfig:
     qk_norm: float = DEFAULT_QK_NORM
     learn_qk_norm: bool = True
     linformer_dim: int = 32
-    stabilizer: str = "logits"
+    stabilizer: str = DEFAULT_STABILIZER
     limit: int | None = None
     limit_test: bool = True
     precision: str = "float32"
@@ -163,6 +164,22 @@ class RunConfig:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
+    def from_recorded(cls, values):
+        """The run a `to_dict` record describes (a run folder's config.json, a tuner's hyperparameters).
+
+        A `LATER_FIELDS` field it lacks was either not there yet or left out at
+        that value: both mean the value of `LATER_FIELDS`, which for some fields
+        is not today's default (the stabiliser, Luo et al.'s q/k norm). Where q
+        and k are not normalised their norm options were left out as unread and
+        keep today's defaults, so that `from_recorded(c.to_dict()) == c`.
+        """
+        config = cls(**{**LATER_FIELDS, **values})
+        if config.normalizes_qk:
+            return config
+        unread = ("qk_norm", "learn_qk_norm")
+        return dataclasses.replace(config, **{name: values.get(name, getattr(cls, name)) for name in unread})
+
+    @classmethod
     def from_args(cls, args, strict=True):
         """The run an `experiments.cli.RUN_OPTIONS` command line describes: defaults < --hparams < flags.
 
@@ -215,7 +232,8 @@ def read_hparams(path, what="hyperparameters file"):
     The file is either a flat object of field names or the tuner's
     best_hparams.json, which holds the winning RunConfig under
     "hyperparameters" and the names the search varied under "searched".
-    `searched` is that list, or every key of a flat file.
+    `searched` is that list, or every key of a flat file. The tuner's RunConfig
+    comes back whole, as `RunConfig.from_recorded` reads it.
     """
     try:
         with open(path) as f:
@@ -229,4 +247,7 @@ def read_hparams(path, what="hyperparameters file"):
     unknown = sorted((set(hparams) | set(searched)) - set(RunConfig.fields()))
     if unknown:
         raise RunError(f"{what} {path} has unknown keys {unknown}; expected some of {RunConfig.fields()}")
+    if hparams is not loaded:
+        # The tuner's file holds its trial's RunConfig as `to_dict` wrote it, so what it leaves out is not a default.
+        hparams = dataclasses.asdict(RunConfig.from_recorded(hparams))
     return hparams, searched

@@ -3,11 +3,11 @@
 import keras
 from keras import ops
 
-from performer_keras.options import STABILIZERS, check_choice, check_finite
+from performer_keras.options import DEFAULT_STABILIZER, STABILIZERS, check_choice, check_finite
 from performer_keras.random_features import RandomFeatures
 
 
-def positive_exp(logits, squared_norm_half, is_query, epsilon, stabilizer="logits"):
+def positive_exp(logits, squared_norm_half, is_query, epsilon, stabilizer=DEFAULT_STABILIZER):
     """exp(logits - |x|^2/2 - M) + epsilon with the Performer stabiliser M.
 
     M must cancel in the attention ratio. For a query it is the query's own
@@ -17,15 +17,16 @@ def positive_exp(logits, squared_norm_half, is_query, epsilon, stabilizer="logit
     the attention (the bug of several public ports). M is a constant of the
     estimator, so it sits under `stop_gradient`.
 
-    `stabilizer` says what M is the maximum of: "logits", as in Choromanski
-    et al.'s code, or "exponent", logits - |x|^2/2, so that the largest
-    feature of each query, and of one key per (batch, head), is exactly
-    1 + epsilon. Without epsilon the two give the same attention. With it
-    they do not once keys are long: the logits' maximum exceeds the
-    exponent's by about the longest key's |k'|^2/2, which can push every
-    other key's features under epsilon, where they no longer depend on the
-    key and pass it no gradient, and attention becomes a uniform average
-    (in trained models too: README, "Why: FAVOR+ collapses ...").
+    `stabilizer` says what M is the maximum of: "exponent" (the default),
+    logits - |x|^2/2, so that the largest feature of each query, and of one
+    key per (batch, head), is exactly 1 + epsilon; or "logits", as in
+    Choromanski et al.'s code. Without epsilon the two give the same
+    attention. With it they do not once keys are long: the logits' maximum
+    exceeds the exponent's by about the longest key's |k'|^2/2, which can
+    push every other key's features under epsilon, where they no longer
+    depend on the key and pass it no gradient, and attention becomes a
+    uniform average (in trained models too: README, "Why: FAVOR+ collapses
+    ..."). Both keep every exponential at most 1, so neither overflows.
     """
     exponent = logits - squared_norm_half
     axes = -1 if is_query else (-2, -1)
@@ -50,8 +51,9 @@ class FavorFeatures(RandomFeatures):
         num_features: m. orthogonal, redraw_interval, seed: see
             `RandomFeatures`.
         epsilon: keeps every feature, hence the normaliser, positive.
-        stabilizer: "logits" (the Performer's, the default) or "exponent":
-            what the stabiliser M is the maximum of (`positive_exp`).
+        stabilizer: "exponent" (the default) or "logits" (the Performer's):
+            what the stabiliser M is the maximum of (`positive_exp`). A
+            config saved without it (before the option) means "logits".
 
     Call arguments:
         queries: (..., N, d). keys: (..., N, d). training: enables redraws.
@@ -62,8 +64,8 @@ class FavorFeatures(RandomFeatures):
     Cost: O(N m d) time, O(N m) memory.
     """
 
-    def __init__(self, num_features=64, orthogonal=True, redraw_interval=0, epsilon=1e-6, seed=None, stabilizer="logits",
-                 **kwargs):
+    def __init__(self, num_features=64, orthogonal=True, redraw_interval=0, epsilon=1e-6, seed=None,
+                 stabilizer=DEFAULT_STABILIZER, **kwargs):
         super().__init__(num_features, orthogonal, redraw_interval, seed, **kwargs)
         self.epsilon = check_finite("epsilon", epsilon, low=0.0)
         self.stabilizer = check_choice("stabilizer", stabilizer, STABILIZERS)
@@ -79,6 +81,11 @@ class FavorFeatures(RandomFeatures):
             return positive_exp(logits, half_norm, is_query, self.epsilon, self.stabilizer) * self.num_features**-0.5
 
         return features(queries, True), features(keys, False)
+
+    @classmethod
+    def from_config(cls, config):
+        # A config saved before `stabilizer` existed was computed with the Performer's.
+        return super().from_config({"stabilizer": "logits", **config})
 
     def get_config(self):
         config = super().get_config()

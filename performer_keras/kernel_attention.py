@@ -9,8 +9,8 @@ from keras import ops
 from performer_keras.batch_broadcast import over_batch
 from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
-from performer_keras.options import (ROTATION_ORDERS, STABILIZERS, check_choice, check_finite, check_grid_size, check_non_negative, check_positive,
-                                     check_rank)
+from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZERS, check_choice, check_finite,
+                                     check_grid_size, check_non_negative, check_positive, check_rank)
 from performer_keras.registry import DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, compatible, normalizes_qk, positions_of, resolve
 
 
@@ -228,9 +228,11 @@ class KernelAttention(keras.layers.Layer):
             pass of the correlation.
         seed: seed of the random features.
         stabilizer: favor only: what FAVOR+'s stabiliser is the maximum of,
-            "logits" (Choromanski et al.'s) or "exponent", which keeps the
-            largest features at 1 and long keys from pushing the others
-            under FAVOR+'s epsilon floor (`favor_features.positive_exp`).
+            "exponent" (the default), which keeps the largest features at 1
+            and long keys from pushing the others under FAVOR+'s epsilon
+            floor, or "logits" (Choromanski et al.'s, with which every
+            `reference` FAVOR+ run without q/k normalisation collapsed on
+            MNIST; `favor_features.positive_exp`).
 
     Call arguments:
         inputs: (batch, N, width).
@@ -262,7 +264,7 @@ class KernelAttention(keras.layers.Layer):
         fused=False,
         seed=None,
         toeplitz_path="auto",
-        stabilizer="logits",
+        stabilizer=DEFAULT_STABILIZER,
         **kwargs,
     ):
         if "kernel" in kwargs:
@@ -549,8 +551,9 @@ class KernelAttention(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
 
-    # What a config saved before an option existed meant: Luo et al.'s norm, never learned.
-    _SAVED_BEFORE = {"qk_norm": 1.0, "learn_qk_norm": False}
+    # What a config saved before an option existed meant: Luo et al.'s norm, never learned,
+    # and the Performer's stabiliser.
+    _SAVED_BEFORE = {"qk_norm": 1.0, "learn_qk_norm": False, "stabilizer": "logits"}
 
     @classmethod
     def from_config(cls, config):

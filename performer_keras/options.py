@@ -7,8 +7,11 @@ import math
 import operator
 
 ROTATION_ORDERS = ("before", "after")
-# What FAVOR+'s key stabiliser is the maximum of (`favor_features.positive_exp`).
+# What FAVOR+'s key stabiliser is the maximum of (`favor_features.positive_exp`). The default is
+# not the Performer's "logits": with it FAVOR+ collapses to uniform attention at the `reference`
+# size (README, "Why: FAVOR+ collapses ..."); configs saved before it was chosen keep "logits".
 STABILIZERS = ("logits", "exponent")
+DEFAULT_STABILIZER = "exponent"
 
 
 def check_choice(argument, value, choices):

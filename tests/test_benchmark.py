@@ -229,6 +229,18 @@ def test_no_benchmark_profile_limits_the_test_split():
                 seeds=(0,), epochs={"mnist": 1}, settings=dict(limit=100))
 
 
+def test_every_profile_trains_the_performer_s_favor_though_the_library_default_is_the_exponent():
+    # Every committed favor row ran with the Performer's stabiliser; the library's default changed after them.
+    from experiments.benchmark_profiles import PROFILES
+    from experiments.run_config import RunConfig
+
+    assert RunConfig().stabilizer == "exponent"
+    for name in PROFILES:
+        profile = get_profile(name)
+        for dataset in profile.datasets:
+            assert profile.config("favor-absolute", dataset, 0).stabilizer == "logits", (name, dataset)
+
+
 # === Aggregate and report of planned, partly finished runs (no training) ===
 
 

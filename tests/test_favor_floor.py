@@ -13,8 +13,8 @@ from run_folders import tiny_run_folder
 
 
 def brute_force_floor(layer, inputs):
-    """Share of key and query features whose exp(w^T x' - |x'|^2/2 - M) < eps, M as in the Performer, and the
-    floor's share of each query's attention weight, by loops."""
+    """Share of key and query features whose exp(w^T x' - |x'|^2/2 - M) < eps, M the maximum of what the layer's
+    stabilizer names, and the floor's share of each query's attention weight, by loops."""
     q, k, _ = (np.asarray(x, "float64") for x in layer.heads(inputs))
     w = np.asarray(layer.features.projection, "float64")
     d, eps = q.shape[-1], layer.features.epsilon
@@ -23,7 +23,8 @@ def brute_force_floor(layer, inputs):
         for h in range(q.shape[1]):
             keys = k[b, h] * d**-0.25
             key_logits = keys @ w.T
-            top = key_logits.max()  # one M for all keys of (b, h)
+            exponents = key_logits - 0.5 * np.sum(keys**2, axis=-1, keepdims=True)
+            top = (key_logits if layer.features.stabilizer == "logits" else exponents).max()  # one M for all keys of (b, h)
             for j in range(keys.shape[0]):
                 part = np.exp(key_logits[j] - 0.5 * keys[j] @ keys[j] - top)
                 floored["key"].extend(part < eps)
@@ -48,10 +49,12 @@ def brute_force_entropy(weights):
     return np.mean(entropies)
 
 
+@pytest.mark.parametrize("stabilizer", ["logits", "exponent"])
 @pytest.mark.parametrize("key_scale", [1.0, 30.0])
-def test_floor_and_entropies_match_brute_force(key_scale):
+def test_floor_and_entropies_match_brute_force(key_scale, stabilizer):
     keras.utils.set_random_seed(3)
-    layer = KernelAttention(num_heads=2, kernel_name="favor", num_features=16, grid_size=(3, 4), seed=1)
+    layer = KernelAttention(num_heads=2, kernel_name="favor", num_features=16, grid_size=(3, 4), seed=1,
+                            stabilizer=stabilizer)
     inputs = np.random.default_rng(0).normal(size=(2, 13, 16)).astype("float32")
     layer(inputs)
     # Large keys push every other key's features under the floor: the collapse this tool looks for.
@@ -70,8 +73,12 @@ def test_floor_and_entropies_match_brute_force(key_scale):
     assert row["key_norm_sq"]["max"] == pytest.approx(((k**2).sum(-1) / np.sqrt(8)).max(), rel=1e-9)
     if key_scale == 1.0:
         assert key_share < 0.5 and floor_mass < 0.01
-    else:
+    elif stabilizer == "logits":
         assert key_share > 0.9 and floor_mass > 0.9 and row["entropy_favor"] > 0.99  # floored keys: a uniform average
+    else:
+        # As many features under the floor, but the keys of the largest exponents sit at 1, far above it: the floor
+        # holds almost none of the weight.
+        assert key_share > 0.9 and floor_mass < 0.05
 
 
 def test_kerple_gets_the_floor_shares_and_no_attention_figures():
@@ -120,12 +127,12 @@ def test_main_writes_one_record_per_checkpoint(favor_run):
     assert best["dataset"] == "mnist" and best["examples"] == 8
     assert [row["layer"] for row in best["layers"]] == [f"block_{i}_attention" for i in range(len(best["layers"]))]
     assert best["layers"] == backup["layers"]  # the same weights
-    assert best["stabilizer"] == "logits"  # the model's own
+    assert best["stabilizer"] == "exponent"  # the model's own, the library's default
 
     # Measured under the other stabilizer: the same model, other features.
-    assert favor_floor.main([str(favor_run), "--limit", "8", "--stabilizer", "exponent", "--out", str(favor_run / "x")]) == 0
+    assert favor_floor.main([str(favor_run), "--limit", "8", "--stabilizer", "logits", "--out", str(favor_run / "x")]) == 0
     other = json.loads((favor_run / "x" / "favor_floor.json").read_text())["checkpoints"][0]
-    assert other["stabilizer"] == "exponent" and other["layers"][0]["floor_mass"] != best["layers"][0]["floor_mass"]
+    assert other["stabilizer"] == "logits" and other["layers"][0]["floor_mass"] != best["layers"][0]["floor_mass"]
     assert other["layers"][0]["key_norm_sq"] == best["layers"][0]["key_norm_sq"]
 
 

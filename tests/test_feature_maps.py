@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import keras
 
-from performer_keras import ExpFeatures, FavorFeatures, KernelAttention, ReluFeatures
+from performer_keras import ExpFeatures, FavorFeatures, KernelAttention, ReluFeatures, create_model
 from performer_keras.random_features import draw_projection
 
 from layer_test_case import run_layer_test, to_numpy
@@ -24,7 +24,7 @@ QK = np.random.default_rng(0).normal(size=(2, 2, 10, 8)).astype("float32")  # (b
     [
         pytest.param(FavorFeatures, dict(num_features=16, seed=1), 16, 1, id="favor"),  # projection
         pytest.param(FavorFeatures, dict(num_features=12, redraw_interval=2, orthogonal=False), 12, 2, id="favor-redraw"),
-        pytest.param(FavorFeatures, dict(num_features=16, stabilizer="exponent"), 16, 1, id="favor-exponent"),
+        pytest.param(FavorFeatures, dict(num_features=16, stabilizer="logits"), 16, 1, id="favor-logits"),
         pytest.param(ReluFeatures, dict(num_features=16, seed=1), 16, 1, id="relu"),
         pytest.param(ReluFeatures, dict(deterministic=True), 8, 0, id="relu-deterministic"),  # m = d
         pytest.param(ExpFeatures, dict(epsilon=1e-5), 8, 0, id="exp"),
@@ -106,7 +106,7 @@ def favor_estimates(q, k, num_features, orthogonal, draws, seed):
     m^-1 sum_l exp(w_l^T q' - |q'|^2/2) exp(w_l^T k' - |k'|^2/2).
     """
     projection = draw_projection(draws * num_features, D, orthogonal, seed)
-    layer = FavorFeatures(num_features, epsilon=0.0)
+    layer = FavorFeatures(num_features, epsilon=0.0, stabilizer="logits")  # the M multiplied back below
     queries, keys = q[:, None].astype("float32"), k[:, None].astype("float32")  # (pairs, N=1, d)
     layer.build(queries.shape, keys.shape)
     phi_q, phi_k = (to_numpy(phi)[:, 0] for phi in layer.feature_map(queries, keys, projection))
@@ -171,7 +171,7 @@ def test_stabilisers_cancel_in_attention(kind):
     x_scale = 8**-0.25
     if kind == "favor":
         m = 32
-        layer = FavorFeatures(num_features=m, epsilon=0.0, seed=4)
+        layer = FavorFeatures(num_features=m, epsilon=0.0, seed=4, stabilizer="logits")
         phi_q, phi_k = (to_numpy(phi) for phi in layer(q.astype("float32"), k.astype("float32")))
         projection = to_numpy(layer.projection)
         half_norm = lambda x: 0.5 * np.sum((x * x_scale) ** 2, axis=-1, keepdims=True)
@@ -224,6 +224,23 @@ def test_the_exponent_stabilizer_keeps_long_keys_above_the_floor():
                                 for x in (q, k)))
     assert np.abs(attention_weights(*features["exponent"]) - exact).max() < 1e-3
     assert np.abs(attention_weights(*features["logits"]) - exact).max() > 0.1
+
+
+def test_the_default_stabilizer_is_the_exponent_and_a_config_saved_without_one_keeps_the_performer_s():
+    assert FavorFeatures().stabilizer == KernelAttention(2, "favor").stabilizer == "exponent"
+    assert create_model("favor-absolute", size="tiny").get_layer("block_0_attention").stabilizer == "exponent"
+    q, k = (np.random.default_rng(7).normal(size=(1, 2, 10, 8)).astype("float32") for _ in range(2))
+    saved = FavorFeatures(num_features=16, seed=3, stabilizer="logits")
+    config = saved.get_config()
+    del config["stabilizer"]
+    loaded = FavorFeatures.from_config(config)
+    assert loaded.stabilizer == "logits"
+    # The keys' features tell the two apart: their M differs by about the longest key's |k'|^2/2.
+    expected = saved(q, k)
+    loaded(q, k)
+    loaded.set_weights(saved.get_weights())
+    for got, want in zip(loaded(q, k), expected):
+        np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=1e-6)
 
 
 def test_an_unknown_stabilizer_is_refused():

@@ -114,18 +114,19 @@ def toeplitz_bias(table, grid, num_prefix=1):
 # === Reference: feature maps from their formulas. ===
 
 
-def favor_reference(x, projection, is_query, epsilon=1e-6):
+def favor_reference(x, projection, is_query, stabilizer, epsilon=1e-6):
     """m^-1/2 (exp(W x' - |x'|^2/2 - M) + eps), x' = x d^-1/4.
 
-    M: each query's max over features; for keys ONE max over all keys and
-    features of a (batch, head).
+    M: the max of W x' ("logits") or of the whole exponent ("exponent"), over
+    features for each query; for keys ONE max over all keys and features of a
+    (batch, head).
     """
     m, d = projection.shape
     x = x * d**-0.25
     logits = x @ projection.T  # (batch, heads, N, m)
     half_norm = 0.5 * np.sum(x**2, axis=-1, keepdims=True)
     axes = -1 if is_query else (-2, -1)
-    stabiliser = np.max(logits, axis=axes, keepdims=True)
+    stabiliser = np.max(logits if stabilizer == "logits" else logits - half_norm, axis=axes, keepdims=True)
     return m**-0.5 * (np.exp(logits - half_norm - stabiliser) + epsilon)
 
 
@@ -192,7 +193,7 @@ def reference_attention(layer, x, kernel, position, rotation_order=None, determi
     else:
         if kernel == "favor":
             projection = to_numpy(layer.features.projection)
-            phi_q, phi_k = favor_reference(q, projection, True), favor_reference(k, projection, False)
+            phi_q, phi_k = (favor_reference(y, projection, is_query, layer.stabilizer) for y, is_query in ((q, True), (k, False)))
         elif kernel == "relu":
             projection = None if deterministic else to_numpy(layer.features.projection)
             phi_q, phi_k = (relu_reference(y, projection, deterministic) for y in (q, k))
@@ -270,6 +271,11 @@ def test_matches_brute_force_reference(kernel, position):
     check_against_reference(kernel, "rope" if mixed else position, rope_mixed=mixed)
 
 
+@pytest.mark.parametrize("position", ["absolute", "rope", "string", "kerple"])
+def test_favor_with_the_performer_s_stabilizer_matches_brute_force_reference(position):
+    check_against_reference("favor", position, stabilizer="logits")
+
+
 @pytest.mark.parametrize(
     "kernel, position, order",
     [
@@ -324,12 +330,13 @@ def test_learned_qk_norm_starts_at_qk_norm_and_needs_normalisation():
     assert not hasattr(plain, "qk_log_scale") and len(plain.weights) == 8
 
 
-def test_a_config_saved_before_the_norm_options_keeps_their_old_meaning():
-    saved = build_with_random_parameters(kernel_name="favor", position="kerple", qk_norm=1.0, learn_qk_norm=False)
+def test_a_config_saved_before_the_norm_and_stabilizer_options_keeps_their_old_meaning():
+    saved = build_with_random_parameters(kernel_name="favor", position="kerple", qk_norm=1.0, learn_qk_norm=False,
+                                         stabilizer="logits")
     config = saved.get_config()
-    del config["qk_norm"], config["learn_qk_norm"]
+    del config["qk_norm"], config["learn_qk_norm"], config["stabilizer"]
     loaded = KernelAttention.from_config(config)
-    assert (loaded.qk_norm, loaded.learn_qk_norm) == (1.0, False)
+    assert (loaded.qk_norm, loaded.learn_qk_norm, loaded.stabilizer) == (1.0, False, "logits")
     x = inputs(1)
     loaded(x)
     loaded.set_weights(saved.get_weights())
@@ -484,7 +491,7 @@ def test_both_kerple_paths_match_brute_force_on_an_odd_grid(kernel, path, monkey
     q, k = (y / np.linalg.norm(y, axis=-1, keepdims=True) * norm for y in (q, k))
     if kernel == "favor":
         projection = to_numpy(layer.features.projection)
-        phi_q, phi_k = favor_reference(q, projection, True), favor_reference(k, projection, False)
+        phi_q, phi_k = (favor_reference(y, projection, is_query, layer.stabilizer) for y, is_query in ((q, True), (k, False)))
     elif kernel == "relu":
         projection = to_numpy(layer.features.projection)
         phi_q, phi_k = relu_reference(q, projection), relu_reference(k, projection)

@@ -150,7 +150,7 @@ def test_build_vit_refuses_a_shape_with_nothing_to_learn(kwargs, match):
 
 # A value of each selective option other than KernelAttention's default.
 OTHER_VALUES = {"num_features": 8, "orthogonal": False, "redraw_interval": 3, "deterministic": True, "rope_mixed": True,
-                "qk_norm": 1.0, "learn_qk_norm": False, "linformer_dim": 5, "stabilizer": "exponent"}
+                "qk_norm": 1.0, "learn_qk_norm": False, "linformer_dim": 5, "stabilizer": "logits"}
 
 
 def attention_behaviour(kernel, position, **options):

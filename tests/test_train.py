@@ -360,13 +360,34 @@ def test_the_stabilizer_reaches_every_favor_layer_and_old_folders_still_match():
     from experiments.run_config import RunConfig
 
     cli = parser("test", None, *RUN_OPTIONS)
-    config = RunConfig.from_args(cli.parse_args(["--variant", "favor-absolute", "--size", "tiny", "--stabilizer", "exponent"]))
-    assert config.to_dict()["stabilizer"] == "exponent" and "stabilizer" not in RunConfig().to_dict()
+    config = RunConfig.from_args(cli.parse_args(["--variant", "favor-absolute", "--size", "tiny", "--stabilizer", "logits"]))
+    assert RunConfig.from_args(cli.parse_args(["--variant", "favor-absolute"])).stabilizer == "exponent"  # the default
+    # A folder written before the option (or with the Performer's) has no stabilizer field, and it means "logits".
+    recorded = config.to_dict()
+    assert "stabilizer" not in recorded and RunConfig().to_dict()["stabilizer"] == "exponent"
+    assert RunConfig.from_recorded(recorded) == config
     model = performer_keras.create_model(config.variant, **config.model_overrides())
     layers = [layer for layer in model.layers if isinstance(layer, performer_keras.KernelAttention)]
-    assert layers and all(layer.features.stabilizer == "exponent" for layer in layers)
+    assert layers and all(layer.features.stabilizer == "logits" for layer in layers)
     restored = keras.Model.from_config(model.get_config(), custom_objects=performer_keras.custom_objects())
-    assert all(layer.features.stabilizer == "exponent" for layer in restored.layers if hasattr(layer, "features"))
+    assert all(layer.features.stabilizer == "logits" for layer in restored.layers if hasattr(layer, "features"))
+
+
+def test_a_tuner_s_hparams_file_repeats_its_trial_where_a_later_default_differs(tmp_path):
+    from experiments.run_config import RunConfig
+
+    # The tuner writes its trial's `to_dict`: a favor trial with the Performer's stabiliser and a normalised trial
+    # at Luo et al.'s norm, neither written, as runs from before those options.
+    trials = [RunConfig(variant="favor-absolute", stabilizer="logits"),
+              RunConfig(variant="softmax-kerple", qk_norm=1.0, learn_qk_norm=False)]
+    for trial in trials:
+        best = tmp_path / "best_hparams.json"
+        best.write_text(json.dumps({"hyperparameters": trial.to_dict(), "searched": ["learning_rate"]}))
+        assert RunConfig.from_sources(best) == trial
+    # A flat file names only what it sets: the rest are today's defaults.
+    flat = tmp_path / "flat.json"
+    flat.write_text(json.dumps({"variant": "favor-absolute", "learning_rate": 0.002}))
+    assert RunConfig.from_sources(flat).stabilizer == "exponent"
 
 
 def test_jit_compile_reaches_the_model_and_computes_the_same():

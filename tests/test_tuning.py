@@ -104,7 +104,7 @@ def test_best_hparams_reproduce_the_trial_in_train_py(search, tmp_path):
     best_path = search / "best_hparams.json"
     best = json.loads(best_path.read_text())
     trial_dir = search / "keras_tuner" / f"trial_{best['trial_id']}"
-    trial_config = RunConfig(**json.loads((trial_dir / "config.json").read_text()))
+    trial_config = RunConfig.from_recorded(json.loads((trial_dir / "config.json").read_text()))
     assert RunConfig.from_sources(best_path) == trial_config
     assert 0.1 <= trial_config.dropout <= 0.3
     assert best["hyperparameters"]["learning_rate"] == trial_json(search, best["trial_id"])["hyperparameters"]["values"]["learning_rate"]
