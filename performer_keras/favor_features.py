@@ -3,7 +3,8 @@
 import keras
 from keras import ops
 
-from performer_keras.options import DEFAULT_STABILIZER, STABILIZERS, check_choice, check_finite
+from performer_keras.options import (DEFAULT_STABILIZER, STABILIZER_BEFORE_OPTION, STABILIZERS, check_choice,
+                                     check_finite)
 from performer_keras.random_features import RandomFeatures
 
 
@@ -84,8 +85,7 @@ class FavorFeatures(RandomFeatures):
 
     @classmethod
     def from_config(cls, config):
-        # A config saved before `stabilizer` existed was computed with the Performer's.
-        return super().from_config({"stabilizer": "logits", **config})
+        return super().from_config({"stabilizer": STABILIZER_BEFORE_OPTION, **config})
 
     def get_config(self):
         config = super().get_config()

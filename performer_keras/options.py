@@ -9,9 +9,11 @@ import operator
 ROTATION_ORDERS = ("before", "after")
 # What FAVOR+'s key stabiliser is the maximum of (`favor_features.positive_exp`). The default is
 # not the Performer's "logits": with it FAVOR+ collapses to uniform attention at the `reference`
-# size (README, "Why: FAVOR+ collapses ..."); configs saved before it was chosen keep "logits".
+# size (README, "Why: FAVOR+ collapses ..."). A layer config or run record saved before the
+# option existed was computed with the Performer's, so it reads as STABILIZER_BEFORE_OPTION.
 STABILIZERS = ("logits", "exponent")
 DEFAULT_STABILIZER = "exponent"
+STABILIZER_BEFORE_OPTION = "logits"
 
 
 def check_choice(argument, value, choices):
