@@ -6,14 +6,14 @@ import json
 from experiments.cli import MAX_SEED
 from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZER_BEFORE_OPTION, STABILIZERS,
                                      check_choice, check_finite, check_fraction, check_non_negative, check_positive)
-from performer_keras.registry import (DEFAULT_QK_NORM, SIZES, ignored_options, list_variants, model_config, normalizes_qk,
-                                      parse_variant)
+from performer_keras.registry import (DEFAULT_QK_NORM, QK_NORM_BEFORE_OPTION, SIZES, ignored_options, list_variants,
+                                      model_config, normalizes_qk, parse_variant)
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 AUGMENTATIONS = ("none", "rotate", "rotate_shift", "crop_flip")
 # Fields added after runs were committed, with the value a run folder without them had.
-LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None, "qk_norm": 1.0, "learn_qk_norm": False,
-                "jit_compile": None, "dropout": 0.0, "label_smoothing": 0.0, "stabilizer": STABILIZER_BEFORE_OPTION}
+LATER_FIELDS = {"limit_test": True, "init_from_partial": False, "augment": None, "qk_norm": QK_NORM_BEFORE_OPTION,
+                "learn_qk_norm": False, "jit_compile": None, "dropout": 0.0, "label_smoothing": 0.0, "stabilizer": STABILIZER_BEFORE_OPTION}
 # Fields that say how a run's steps execute, not what they compute: XLA changes float
 # rounding (and which random numbers a feature redraw gets, from the same distribution),
 # so runs that differ only here stay comparable in one cell. They still belong to the

@@ -11,7 +11,8 @@ from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
 from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZER_BEFORE_OPTION, STABILIZERS,
                                      check_choice, check_finite, check_grid_size, check_non_negative, check_positive, check_rank)
-from performer_keras.registry import DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, compatible, normalizes_qk, positions_of, resolve
+from performer_keras.registry import (DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, QK_NORM_BEFORE_OPTION,
+                                      compatible, normalizes_qk, positions_of, resolve)
 
 
 def split_heads(x, num_heads):
@@ -553,7 +554,7 @@ class KernelAttention(keras.layers.Layer):
 
     # What a config saved before an option existed meant: Luo et al.'s norm, never learned,
     # and the Performer's stabiliser.
-    _SAVED_BEFORE = {"qk_norm": 1.0, "learn_qk_norm": False, "stabilizer": STABILIZER_BEFORE_OPTION}
+    _SAVED_BEFORE = {"qk_norm": QK_NORM_BEFORE_OPTION, "learn_qk_norm": False, "stabilizer": STABILIZER_BEFORE_OPTION}
 
     @classmethod
     def from_config(cls, config):

@@ -92,6 +92,9 @@ KERNEL_TABLE = {
 # profiles/results/cpu-epyc-2core/tensorflow/favor_estimator.json); softmax and linear
 # kernels share it so that a kerple row differs from its softmax row by the kernel only.
 DEFAULT_QK_NORM = 0.25
+# A layer config or run record saved before the norm was an option was computed with
+# Luo et al.'s, so it reads as this.
+QK_NORM_BEFORE_OPTION = 1.0
 
 POSITION_TABLE = {
     "absolute": Position("embedding", marker="o"),
