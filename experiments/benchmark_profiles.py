@@ -34,8 +34,10 @@ REFERENCE_LEARNING_RATE = dict(variants=("favor-absolute", "softmax-absolute"), 
 # (results/reference-pilots/favor-collapse, "Is it FAVOR+'s epsilon floor?"): with the stabiliser taken over the whole
 # exponent a two-epoch pilot did not fall. So these rows ask the main table's question again where FAVOR+ does not
 # collapse. Softmax reads no stabiliser, so its rows are the baselines at either value; kerple normalises q and k.
-REFERENCE_STABILIZER = dict(variants=("favor-absolute", "favor-rope", "favor-string"), values=("exponent",),
-                            datasets=("mnist", "cifar10"))
+# The `cpu` profile, where FAVOR+ never collapsed, runs the same rows: what the exponent, the layers' default since
+# e161b6d, does to accuracy where the Performer's stabiliser did not fail.
+STABILIZER_ABLATION = dict(variants=("favor-absolute", "favor-rope", "favor-string"), values=("exponent",),
+                           datasets=("mnist", "cifar10"))
 INIT_FROM_VARIANTS = ("favor-absolute", "relu-absolute", "linformer-absolute")
 # The study's FAVOR+ is the Performer's, as published: every profile pins its stabiliser, the one every committed favor
 # run used, though the library's default is now the exponent (`performer_keras.options.DEFAULT_STABILIZER`).
@@ -184,7 +186,7 @@ def reference():
     2026-11-28, after the MNIST table, when a two-epoch pilot saw
     favor-absolute collapse at 1e-3 and not at 5e-4): whether FAVOR+'s gap
     is the learning rate's. And favor-absolute, -rope and -string with
-    `--stabilizer exponent` on MNIST and CIFAR-10 (`REFERENCE_STABILIZER`;
+    `--stabilizer exponent` on MNIST and CIFAR-10 (`STABILIZER_ABLATION`;
     added on 2026-11-29, after a pilot traced the collapse to FAVOR+'s
     epsilon floor): whether the gap is the Performer's stabiliser's, and
     whether a relative position closes what is left of it.
@@ -231,7 +233,7 @@ def reference():
         init_from=dict(variants=INIT_FROM_VARIANTS, datasets=("mnist", "cifar10")),
         normalize_qk=dict(variants=REFERENCE_NORMALIZE_QK_VARIANTS, datasets=("mnist", "cifar10")),
         learning_rate=REFERENCE_LEARNING_RATE,
-        stabilizer=REFERENCE_STABILIZER,
+        stabilizer=STABILIZER_ABLATION,
     )
 
 
@@ -311,7 +313,12 @@ def cpu():
     softmax). Then, on CIFAR-10, softmax and favor with q/k normalisation
     switched (absolute with it, kerple without it, 12 runs): with the main
     rows they make the 2 x 2 of position x normalisation, so the report can
-    tell what the position does at a fixed normalisation.
+    tell what the position does at a fixed normalisation. Last (added on
+    2026-12-01), favor-absolute, -rope and -string with `--stabilizer
+    exponent` on MNIST and CIFAR-10, seeds 0-2 (`STABILIZER_ABLATION`, the
+    reference profile's rows): FAVOR+ did not collapse at this size with the
+    Performer's stabiliser, so these rows say what the exponent, the layers'
+    default since e161b6d, changes where that stabiliser did not fail.
 
     Seeds 3 and 4 on CIFAR-10 (issue 16: "spend seeds where the information
     is"): with seeds 0-2 CIFAR-10 holds every effect the table has (rope and
@@ -383,6 +390,8 @@ def cpu():
         were needed for 65% on CIFAR-10 and for 98.5% on MNIST; with XLA
         from the start it would have cost about 35 (the 13 runs without it
         took 13.1 hours; the CIFAR-10 runs with it, a median of 13 minutes each).
+        The 18 stabiliser runs added since: about 5 hours more at those
+        medians (`--list` forecasts each).
         Resumable: each session adds to the same folders.
     Expected accuracy: softmax-absolute reached 67.04%, 65.63%, 66.76%,
         66.59% and 68.51% test accuracy on CIFAR-10 (seeds 0-4, mean 66.91)
@@ -404,6 +413,7 @@ def cpu():
         backend="tensorflow",
         normalize_qk=dict(variants=NORMALIZE_QK_VARIANTS, datasets=("cifar10",)),
         more_seeds={"cifar10": (3, 4)},
+        stabilizer=STABILIZER_ABLATION,
     )
 
 

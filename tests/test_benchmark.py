@@ -147,8 +147,8 @@ def test_more_seeds_run_after_the_whole_queue_and_join_their_rows(tmp_path):
     assert profile.more_seeds == {"cifar10": (3, 4)}
     jobs = benchmark.plan(profile, tmp_path)
     unique = benchmark.unique_runs(jobs, tmp_path)
-    first, later = unique[:84], unique[84:]
-    # The 84 runs planned before the further seeds keep their order: the queue resumes where it stood.
+    first, later = unique[:102], unique[102:]
+    # The 102 runs planned before the further seeds keep their order: the queue resumes where it stood.
     assert [(j.experiment, j.cell, j.seed) for j in first] == [
         (j.experiment, j.cell, j.seed)
         for j in benchmark.plan(dataclasses.replace(profile, more_seeds={}), tmp_path)]
@@ -169,12 +169,14 @@ def test_more_seeds_run_after_the_whole_queue_and_join_their_rows(tmp_path):
     assert [(part["dataset"], part["part"], part["runs"], part["without_forecast"])
             for part in header["forecast"]["parts"]] == [
         ("cifar10", "main table", 36, 36), ("mnist", "main table", 36, 36), ("cifar10", "normalize_qk", 12, 12),
-        ("cifar10", "more seeds", 24, 24)]
+        ("cifar10", "stabilizer", 9, 9), ("mnist", "stabilizer", 9, 9), ("cifar10", "more seeds", 24, 24)]
     result = aggregate.aggregate(benchmark.profile_root(tmp_path, profile), benchmark.cells(jobs), **header)
     assert report.progress_text(report.progress_parts(result)) == [
-        "main table 0 of 72", "seeds beyond the main table's 0 of 24", "q/k normalisation ablation 0 of 12"]
-    assert report.missing_lines(result)[0] == ("Runs finished: **0 of 108** (main table 0 of 72; seeds beyond the "
-                                               "main table's 0 of 24; q/k normalisation ablation 0 of 12).")
+        "main table 0 of 72", "seeds beyond the main table's 0 of 24", "q/k normalisation ablation 0 of 12",
+        "stabiliser ablation 0 of 18"]
+    assert report.missing_lines(result)[0] == ("Runs finished: **0 of 126** (main table 0 of 72; seeds beyond the "
+                                               "main table's 0 of 24; q/k normalisation ablation 0 of 12; "
+                                               "stabiliser ablation 0 of 18).")
     small = get_profile("small")
     small_result = aggregate.aggregate(benchmark.profile_root(tmp_path, small),
                                        benchmark.cells(benchmark.plan(small, tmp_path)),
@@ -349,7 +351,8 @@ def test_timings_compare_only_between_runs_of_one_device_and_xla_setting(tmp_pat
     }
     profile = get_profile("cpu")
     variants = ["softmax-absolute", "softmax-rope", *timings]
-    jobs = benchmark.plan(profile, tmp_path, variants=variants, datasets=["mnist"], seeds=[0, 1, 2])
+    jobs = benchmark.plan(profile, tmp_path, variants=variants, datasets=["mnist"], seeds=[0, 1, 2],
+                          experiments=["variants"])
     root = benchmark.profile_root(tmp_path, profile)
     for job in benchmark.unique_runs(jobs, root):
         device, jit, latency = timings.get(job.variant, [("cpu: A", False, 1.0)] * 3)[job.seed]
