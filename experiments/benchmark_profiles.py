@@ -313,10 +313,10 @@ def cpu():
     softmax). Then, on CIFAR-10, softmax and favor with q/k normalisation
     switched (absolute with it, kerple without it, 12 runs): with the main
     rows they make the 2 x 2 of position x normalisation, so the report can
-    tell what the position does at a fixed normalisation. Last (added on
-    2026-12-01), favor-absolute, -rope and -string with `--stabilizer
-    exponent` on MNIST and CIFAR-10, seeds 0-2 (`STABILIZER_ABLATION`, the
-    reference profile's rows): FAVOR+ did not collapse at this size with the
+    tell what the position does at a fixed normalisation. Added on
+    2026-12-01, when every other run here had finished: favor-absolute, -rope
+    and -string with `--stabilizer exponent` on MNIST and CIFAR-10, seeds 0-2
+    (`STABILIZER_ABLATION`, the reference profile's rows): FAVOR+ did not collapse at this size with the
     Performer's stabiliser, so these rows say what the exponent, the layers'
     default since e161b6d, changes where that stabiliser did not fail.
 
