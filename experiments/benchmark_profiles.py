@@ -316,9 +316,10 @@ def cpu():
     tell what the position does at a fixed normalisation. Added on
     2026-12-01, when every other run here had finished: favor-absolute, -rope
     and -string with `--stabilizer exponent` on MNIST and CIFAR-10, seeds 0-2
-    (`STABILIZER_ABLATION`, the reference profile's rows): FAVOR+ did not collapse at this size with the
-    Performer's stabiliser, so these rows say what the exponent, the layers'
-    default since e161b6d, changes where that stabiliser did not fail.
+    (`STABILIZER_ABLATION`, the reference profile's rows): FAVOR+ did not
+    collapse at this size with the Performer's stabiliser, so these rows say
+    what the exponent, the layers' default since e161b6d, changes where that
+    stabiliser did not fail.
 
     Seeds 3 and 4 on CIFAR-10 (issue 16: "spend seeds where the information
     is"): with seeds 0-2 CIFAR-10 holds every effect the table has (rope and
