@@ -120,7 +120,7 @@ def given_arg(text):
 
 def folder_arg(text):
     """argparse type of a folder to write into: any path but an empty one, an existing file, or one that
-    cannot be made (under a file, or in a folder this user cannot write): checked now, since the tools
+    cannot be made (under a file, or where no folder can be made): checked now, since the tools
     first write there after their work (a profile) or after building the model."""
     given_arg(text)
     if os.path.exists(text) and not os.path.isdir(text):
@@ -130,8 +130,13 @@ def folder_arg(text):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise argparse.ArgumentTypeError(f"{text} lies under {existing}, a file; give a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text} cannot be written: this user cannot write in {existing}")
+    # A folder made and removed is the only answer that holds everywhere: as root access() grants every
+    # write, yet a read-only mount or a kernel file system such as /proc still refuses one.
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".write-check-"))
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"{text} cannot be written: no folder can be made in {existing} "
+                                         f"({error.strerror})") from None
     return text
 
 

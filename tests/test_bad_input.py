@@ -67,6 +67,7 @@ CASES = {
     "train hparams not json": (train.main, [*TINY, "--hparams", "{tmp}/broken.json"], "cannot read --hparams"),
     "train --out a file": (train.main, [*TINY, "--out", "{tmp}/a_file.txt"], "is a file"),
     "train --out under a file": (train.main, [*TINY, "--out", "{tmp}/a_file.txt/run/x"], "a_file.txt, a file"),
+    "train --out where no folder can be made": (train.main, [*TINY, "--out", "/proc/performer-keras/run"], "no folder can be made in /proc"),
     "train --export a file": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/a_file.txt"], "is a file"),
     "train --export another run's export": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/other_export"],
                                             "an export of /elsewhere/run"),
@@ -108,6 +109,7 @@ CASES = {
     "evaluate --batch-size x": (evaluate.main, ["{tmp}/corrupt_run", "--batch-size", "x"], "--batch-size"),
     "evaluate --out a file": (evaluate.main, ["{tmp}/corrupt_run", "--out", "{tmp}/a_file.txt"], "is a file"),
     "evaluate --out under a file": (evaluate.main, ["{tmp}/corrupt_run", "--out", "{tmp}/a_file.txt/eval"], "a file"),
+    "evaluate --out where no folder can be made": (evaluate.main, ["{tmp}/corrupt_run", "--out", "/proc/performer-keras"], "no folder can be made"),
     "evaluate a damaged SavedModel": (evaluate.main, ["{tmp}/other_export", "--dataset", "mnist"], "as a SavedModel"),
     "evaluate bogus .keras": (evaluate.main, ["{tmp}/bogus.keras", "--dataset", "mnist"], "evaluate.py: error"),
     "evaluate an empty path": (evaluate.main, [""], "empty string"),
@@ -127,17 +129,20 @@ CASES = {
     "benchmark --experiments nope": (benchmark.main, ["--profile", "tiny", "--experiments", "nope", "--results-dir", "{tmp}/r"], "experiment"),
     "benchmark --results-dir a file": (benchmark.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt"], "is a file"),
     "benchmark --results-dir under a file": (benchmark.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt/r"], "a file"),
+    "benchmark --results-dir where no folder can be made": (benchmark.main, ["--profile", "tiny", "--results-dir", "/proc/performer-keras"], "no folder can be made"),
     "benchmark other backend": (benchmark.main, ["--profile", "small", "--results-dir", "{tmp}/r"], "backend"),
     "benchmark an ablation the profile lacks": (benchmark.main, ["--profile", "cpu", "--experiments", "learning_rate", "--results-dir", "{tmp}/r"], "has no learning_rate experiment"),
     "benchmark an ablation elsewhere": (benchmark.main, ["--profile", "reference", "--experiments", "learning_rate", "--datasets", "cifar10", "--results-dir", "{tmp}/r"], "runs favor-absolute, softmax-absolute on mnist"),
     "report an ablation the profile lacks": (report.main, ["--profile", "small", "--experiments", "normalize_qk", "--results-dir", "{tmp}/r"], "has no normalize_qk experiment"),
     "report --results-dir a file": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt"], "is a file"),
     "report --results-dir under a file": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt/r"], "a file"),
+    "report --results-dir where no folder can be made": (report.main, ["--profile", "tiny", "--results-dir", "/proc/performer-keras"], "no folder can be made"),
     "benchmark --results-dir an empty string": (benchmark.main, ["--profile", "tiny", "--results-dir", ""], "empty string"),
     "report --profile huge": (report.main, ["--profile", "huge", "--results-dir", "{tmp}/r"], "huge"),
     # tuning
     "tuning --out a file": (tuning_main.main, ["favor-rope", "--out", "{tmp}/a_file.txt"], "is a file"),
     "tuning --out under a file": (tuning_main.main, ["favor-rope", "--out", "{tmp}/a_file.txt/t"], "a file"),
+    "tuning --out where no folder can be made": (tuning_main.main, ["favor-rope", "--out", "/proc/performer-keras"], "no folder can be made"),
     "tuning unknown variant": (tuning_main.main, ["favor-nope", "--out", "{tmp}/t"], "Unknown position"),
     "tuning --algorithm magic": (tuning_main.main, ["favor-rope", "--algorithm", "magic", "--out", "{tmp}/t"], "algorithm"),
     "tuning --space bad": (tuning_main.main, ["favor-rope", "--space", "learning_rate=abc", "--out", "{tmp}/t"], "learning_rate"),
@@ -148,6 +153,7 @@ CASES = {
     "profiles unknown variant": (profiles_main.main, ["favor-nope", "--out", "{tmp}/p"], "Unknown position"),
     "profiles --out a file": (profiles_main.main, ["--out", "{tmp}/a_file.txt"], "is a file"),
     "profiles --out under a file": (profiles_main.main, ["--out", "{tmp}/a_file.txt/p"], "a file"),
+    "profiles --out where no folder can be made": (profiles_main.main, ["--out", "/proc/performer-keras"], "no folder can be made"),
     "profiles --width 30 --heads 4": (profiles_main.main, ["--width", "30", "--heads", "4", "--out", "{tmp}/p"], "divisible"),
     "profiles --steps 0": (profiles_main.main, ["--steps", "0", "--out", "{tmp}/p"], "--steps"),
 }
@@ -309,10 +315,10 @@ def test_a_folder_this_user_cannot_write_in_is_refused_before_any_work(tmp_path,
     from experiments.cli import folder_arg
 
     assert folder_arg(str(tmp_path / "new" / "deeper")) == str(tmp_path / "new" / "deeper")
-    # As root (CI, this machine) access() grants every write, so the refusal is what access() says.
-    monkeypatch.setattr(os, "access", lambda path, mode: path != str(tmp_path))
-    with pytest.raises(argparse.ArgumentTypeError, match=f"cannot write in {tmp_path}$"):
-        folder_arg(str(tmp_path / "new" / "deeper"))
+    assert not (tmp_path / "new").exists() and list(tmp_path.iterdir()) == [], "the check leaves nothing behind"
+    # /proc takes no folders, even from root (CI, this machine), for whom access() grants every write.
+    with pytest.raises(argparse.ArgumentTypeError, match=r"cannot be written: no folder can be made in /proc \("):
+        folder_arg("/proc/performer-keras/run")
 
 
 def test_a_run_config_refuses_a_seed_keras_cannot_take():
