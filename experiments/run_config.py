@@ -5,7 +5,7 @@ import json
 
 from experiments.cli import MAX_SEED
 from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZER_BEFORE_OPTION, STABILIZERS,
-                                     check_choice, check_finite, check_fraction, check_non_negative, check_positive)
+                                     check_bool, check_choice, check_finite, check_fraction, check_non_negative, check_positive)
 from performer_keras.registry import (DEFAULT_QK_NORM, QK_NORM_BEFORE_OPTION, SIZES, ignored_options, list_variants,
                                       model_config, normalizes_qk, parse_variant)
 
@@ -94,12 +94,11 @@ class RunConfig:
             check_non_negative("redraw_interval", self.redraw_interval)
             if check_non_negative("seed", self.seed) > MAX_SEED:
                 raise ValueError(f"seed must be at most {MAX_SEED}, got {self.seed!r}")
-            if self.jit_compile is not None and not isinstance(self.jit_compile, bool):
-                raise ValueError(f"jit_compile must be true, false or null, got {self.jit_compile!r}")
+            for name in ("jit_compile", "normalize_qk"):
+                check_bool(name, getattr(self, name), allow_none=True)
             for name in ("absolute_position", "orthogonal", "deterministic", "rope_mixed", "limit_test", "init_from_partial",
                          "learn_qk_norm"):
-                if not isinstance(getattr(self, name), bool):
-                    raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+                check_bool(name, getattr(self, name))
             if self.variant not in list_variants(extra=True):
                 raise ValueError(f"variant {self.variant!r} does not exist; expected one of {list_variants(extra=True)}")
             model_config(**self.model_overrides())

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from performer_keras.options import check_rank
+from performer_keras.options import check_finite, check_rank
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -35,7 +35,7 @@ class CirculantString(keras.layers.Layer):
 
     def __init__(self, initializer_stddev=0.5, **kwargs):
         super().__init__(**kwargs)
-        self.initializer_stddev = initializer_stddev
+        self.initializer_stddev = check_finite("initializer_stddev", initializer_stddev, low=0.0)
 
     def build(self, inputs_shape, positions_shape=None):
         check_rank("CirculantString", inputs_shape, "(batch, heads, tokens, dim)")

@@ -10,7 +10,7 @@ from performer_keras.batch_broadcast import over_batch
 from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
 from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZER_BEFORE_OPTION, STABILIZERS,
-                                     check_choice, check_finite, check_grid_size, check_non_negative, check_positive, check_rank)
+                                     check_bool, check_choice, check_finite, check_grid_size, check_non_negative, check_positive, check_rank)
 from performer_keras.registry import (DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, QK_NORM_BEFORE_OPTION,
                                       compatible, normalizes_qk, positions_of, resolve)
 
@@ -278,16 +278,16 @@ class KernelAttention(keras.layers.Layer):
         self.grid_size = None if grid_size is None else check_grid_size("grid_size", grid_size)
         self.num_prefix_tokens = check_non_negative("num_prefix_tokens", num_prefix_tokens)
         self.num_features = check_positive("num_features", num_features)
-        self.orthogonal = bool(orthogonal)
+        self.orthogonal = check_bool("orthogonal", orthogonal)
         self.redraw_interval = check_non_negative("redraw_interval", redraw_interval)
-        self.deterministic = bool(deterministic)
+        self.deterministic = check_bool("deterministic", deterministic)
         self.rotation_order = rotation_order
-        self.rope_mixed = bool(rope_mixed)
-        self.normalize_qk = normalize_qk
+        self.rope_mixed = check_bool("rope_mixed", rope_mixed)
+        self.normalize_qk = check_bool("normalize_qk", normalize_qk, allow_none=True)
         self.qk_norm = check_finite("qk_norm", qk_norm, low=0.0, low_open=True)
-        self.learn_qk_norm = bool(learn_qk_norm)
+        self.learn_qk_norm = check_bool("learn_qk_norm", learn_qk_norm)
         self.linformer_dim = check_positive("linformer_dim", linformer_dim)
-        self.fused = bool(fused)
+        self.fused = check_bool("fused", fused)
         self.seed = seed
         self.toeplitz_path = check_choice("toeplitz_path", toeplitz_path, TOEPLITZ_PATHS)
         self.stabilizer = check_choice("stabilizer", stabilizer, STABILIZERS)

@@ -6,6 +6,8 @@ The tables of kernels, positions and sizes are in `registry.py`.
 import math
 import operator
 
+import numpy as np
+
 ROTATION_ORDERS = ("before", "after")
 # What FAVOR+'s key stabiliser is the maximum of (`favor_features.positive_exp`). The default is
 # not the Performer's "logits": with it FAVOR+ collapses to uniform attention at the `reference`
@@ -45,6 +47,19 @@ def _integer_at_least(argument, value, low):
     if integer is None or integer < low:
         raise ValueError(f"{argument} must be an integer >= {low}, got {value!r}")
     return integer
+
+
+def check_bool(argument, value, allow_none=False):
+    """Return `value` as a bool if it is True or False (NumPy's too; None too if `allow_none`), else raise a ValueError.
+
+    bool() would take anything: the string "false" from a hand-written config
+    is truthy, and would silently switch the option on.
+    """
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{argument} must be True or False{' or None' if allow_none else ''}, got {value!r}")
+    return bool(value)
 
 
 def check_fraction(argument, value):

@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from performer_keras.batch_broadcast import over_batch
-from performer_keras.options import check_rank
+from performer_keras.options import check_finite, check_rank
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -19,7 +19,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def __init__(self, initializer_stddev=0.02, **kwargs):
         super().__init__(**kwargs)
-        self.initializer_stddev = initializer_stddev
+        self.initializer_stddev = check_finite("initializer_stddev", initializer_stddev, low=0.0)
 
     def build(self, inputs_shape):
         check_rank("PositionEmbedding", inputs_shape, "(batch, tokens, width)")

@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from performer_keras.feature_map import FeatureMap
-from performer_keras.options import check_finite
+from performer_keras.options import check_bool, check_finite
 from performer_keras.random_features import RandomFeatures
 
 
@@ -37,7 +37,7 @@ class ReluFeatures(RandomFeatures):
 
     def __init__(self, num_features=64, orthogonal=True, redraw_interval=0, deterministic=False, epsilon=1e-3, seed=None, **kwargs):
         super().__init__(num_features, orthogonal, redraw_interval, seed, **kwargs)
-        self.deterministic = bool(deterministic)
+        self.deterministic = check_bool("deterministic", deterministic)
         self.epsilon = check_finite("epsilon", epsilon, low=0.0)
 
     def build(self, queries_shape, keys_shape=None):

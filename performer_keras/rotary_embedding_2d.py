@@ -4,7 +4,7 @@ import numpy as np
 import keras
 from keras import ops
 
-from performer_keras.options import check_finite
+from performer_keras.options import check_bool, check_finite
 
 
 def axial_frequencies(dim, base):
@@ -51,7 +51,7 @@ class RotaryEmbedding2D(keras.layers.Layer):
 
     def __init__(self, mixed=False, base=100.0, **kwargs):
         super().__init__(**kwargs)
-        self.mixed = bool(mixed)
+        self.mixed = check_bool("mixed", mixed)
         self.base = float(check_finite("base", base, low=0.0, low_open=True))
 
     def build(self, inputs_shape, positions_shape=None):

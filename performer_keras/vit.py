@@ -4,7 +4,7 @@ import keras
 
 from performer_keras.class_token import ClassToken
 from performer_keras.kernel_attention import KernelAttention
-from performer_keras.options import check_positive
+from performer_keras.options import check_bool, check_positive
 from performer_keras.position_embedding import PositionEmbedding
 from performer_keras.standardize import Standardize
 from performer_keras.step_dropout import StepDropout
@@ -70,7 +70,7 @@ def build_vit(
     x = keras.layers.Conv2D(width, patch_size, strides=patch_size, name="patch_embedding")(x)
     x = keras.layers.Reshape((grid[0] * grid[1], width), name="patches")(x)  # (batch, P, width)
     x = ClassToken(name="class_token")(x)  # (batch, 1 + P, width)
-    if absolute_position:
+    if check_bool("absolute_position", absolute_position):
         x = PositionEmbedding(name="position_embedding")(x)
 
     def dropped(tensor, name):

@@ -27,6 +27,7 @@ def files(tmp):
     (tmp / "a_file.txt").write_text("not a folder\n")
     (tmp / "lr_string.json").write_text(json.dumps({"learning_rate": "0.001"}))
     (tmp / "wd_string.json").write_text(json.dumps({"weight_decay": "abc"}))
+    (tmp / "qknorm_string.json").write_text(json.dumps({"normalize_qk": "no"}))  # truthy: it switched normalising on
     (tmp / "broken.json").write_text("{")
     run = tmp / "corrupt_run"
     run.mkdir()
@@ -63,6 +64,8 @@ CASES = {
     "train batch above data": (train.main, [*TINY, "--batch-size", "100000"], "exceeds"),
     "train hparams lr string": (train.main, [*TINY, "--hparams", "{tmp}/lr_string.json"], "learning_rate"),
     "train hparams wd string": (train.main, [*TINY, "--hparams", "{tmp}/wd_string.json"], "weight_decay"),
+    "train hparams normalize_qk a string": (train.main, [*TINY, "--hparams", "{tmp}/qknorm_string.json"],
+                                            "normalize_qk must be True or False or None, got 'no'"),
     "train hparams missing": (train.main, [*TINY, "--hparams", "{tmp}/missing.json"], "cannot read --hparams"),
     "train hparams not json": (train.main, [*TINY, "--hparams", "{tmp}/broken.json"], "cannot read --hparams"),
     "train --out a file": (train.main, [*TINY, "--out", "{tmp}/a_file.txt"], "is a file"),

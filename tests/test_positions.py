@@ -14,6 +14,7 @@ from performer_keras import (
     ExpFeatures,
     FavorFeatures,
     KernelAttention,
+    PositionEmbedding,
     ReluFeatures,
     RotaryEmbedding2D,
     ToeplitzBias2D,
@@ -205,6 +206,13 @@ def test_kerple_bias_is_toeplitz():
         pytest.param(dict(position="rope"), r"position 'rope' needs grid_size", id="rope-no-grid"),
         pytest.param(dict(normalize_qk=True, qk_norm=0.0), r"qk_norm must be > 0.0, got 0.0", id="qk-norm-0"),
         pytest.param(dict(position="kerple"), r"position 'kerple' needs grid_size", id="kerple-no-grid"),
+        # bool() took these: the string "false" is truthy and would switch the option on.
+        pytest.param(dict(normalize_qk="false"), r"normalize_qk must be True or False or None, got 'false'", id="normalize-str"),
+        pytest.param(dict(kernel_name="favor", orthogonal="no"), r"orthogonal must be True or False, got 'no'", id="orthogonal-str"),
+        pytest.param(dict(kernel_name="relu", deterministic=0), r"deterministic must be True or False, got 0", id="deterministic-int"),
+        pytest.param(dict(rope_mixed="yes"), r"rope_mixed must be True or False, got 'yes'", id="rope-mixed-str"),
+        pytest.param(dict(learn_qk_norm=None), r"learn_qk_norm must be True or False, got None", id="learn-norm-none"),
+        pytest.param(dict(fused=1), r"fused must be True or False, got 1", id="fused-int"),
         pytest.param(
             dict(kernel_name="linformer", position="kerple", grid_size=GRID),
             r"kernel 'linformer'.*position one of \('absolute', 'rope', 'string'\)",
@@ -222,6 +230,10 @@ def test_bad_arguments_raise_at_construction(kwargs, match):
     [
         pytest.param(lambda: RotaryEmbedding2D(base=0.0), r"base must be > 0.0", id="rope-base-0"),
         pytest.param(lambda: RotaryEmbedding2D(base=float("nan")), r"base must be a finite number", id="rope-base-nan"),
+        pytest.param(lambda: RotaryEmbedding2D(mixed="false"), r"mixed must be True or False, got 'false'", id="rope-mixed-str"),
+        pytest.param(lambda: CirculantString(initializer_stddev=-0.5), r"initializer_stddev must be >= 0.0", id="string-stddev"),
+        pytest.param(lambda: PositionEmbedding(initializer_stddev="0.02"), r"initializer_stddev must be a finite number",
+                     id="embedding-stddev-str"),
         pytest.param(lambda: ToeplitzBias2D(grid_size=(0, 4), num_heads=2), r"grid_size must be", id="grid-0"),
         pytest.param(lambda: ToeplitzBias2D(grid_size=GRID, num_heads=0), r"num_heads must be", id="heads-0"),
         pytest.param(lambda: ToeplitzBias2D(grid_size=GRID, num_heads=2, num_prefix_tokens=-1), r"num_prefix_tokens",
@@ -254,6 +266,9 @@ def test_numpy_integers_pass_where_python_integers_do():
     assert (layer.num_heads, layer.grid_size, layer.num_prefix_tokens) == (2, (2, 3), 1)
     assert all(type(value) is int for value in (layer.num_heads, *layer.grid_size, layer.num_prefix_tokens))
     assert ToeplitzBias2D(grid_size=(np.int64(2), 3), num_heads=np.int64(2)).grid_size == (2, 3)
+    # and NumPy's booleans (a comparison of arrays gives them), stored as Python's
+    layer = KernelAttention(num_heads=2, kernel_name="favor", orthogonal=np.bool_(False), normalize_qk=np.bool_(True))
+    assert layer.orthogonal is False and layer.normalize_qk is True and layer.normalizes
 
 
 @pytest.mark.parametrize(
