@@ -45,8 +45,9 @@ normalize_qk experiments and the setting ablations (learning_rate, stabilizer:
 `setting_ablations.py`). At the end aggregate.json is written
 (`aggregate.py`); the report is `python -m experiments.report`.
 
-Exit status: 0 when every queued run is finished or was left for lack of time
-(`--max-minutes`), 1 when some failed or were skipped, 2 for bad arguments.
+Exit status: 0 when every queued run is finished or was left as asked (for
+lack of time under `--max-minutes`, or past `--max-runs`), 1 when some failed
+or were skipped (a missing init-from checkpoint), 2 for bad arguments.
 """
 
 import dataclasses
@@ -362,11 +363,12 @@ def list_queue(jobs, root, profile, log=print):
 
 
 def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None, device=None):
-    """Train every unfinished job in order; returns {"finished", "trained", "failed", "skipped", "no_time"} lists.
+    """Train every unfinished job in order; returns {"finished", "trained", "failed", "skipped", "no_time", "over_max_runs"} lists.
 
     A run that fails (another run's folder, bad data, divergence) is reported
     and the queue goes on; a missing init_from checkpoint skips the run.
-    `max_runs` stops after that many trainings (finished runs do not count);
+    `max_runs` stops after that many trainings (finished runs do not count;
+    the rest are "over_max_runs", left as asked, not skipped);
     `deadline` (a `time.monotonic()` instant) starts no run whose
     `expected_seconds` exceed the time left, forecast from the runs made on
     `device` (default: this process's, `latency.device_name()`) where there
@@ -383,7 +385,7 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None, de
     if deadline is not None and device is None:
         device = device_name()
 
-    outcome = {"finished": [], "trained": [], "failed": [], "skipped": [], "no_time": []}
+    outcome = {"finished": [], "trained": [], "failed": [], "skipped": [], "no_time": [], "over_max_runs": []}
     for index, job in enumerate(jobs, 1):
         folder = job.folder(root)
         tag = f"[{index}/{len(jobs)}] {folder}"
@@ -391,7 +393,7 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None, de
             outcome["finished"].append(str(folder))
             continue
         if max_runs is not None and len(outcome["trained"]) + len(outcome["failed"]) >= max_runs:
-            outcome["skipped"].append(str(folder))
+            outcome["over_max_runs"].append(str(folder))
             continue
         if deadline is not None:
             needed = expected_seconds(job, root, device=device)
@@ -584,7 +586,7 @@ def run(args, argv=()):
                         log=lambda line: print(line, flush=True), deadline=deadline)
     aggregated = write_aggregate(profile, args.results_dir, selected)
     print(f"trained {len(outcome['trained'])}, failed {len(outcome['failed'])}, skipped {len(outcome['skipped'])}, "
-          f"left for lack of time {len(outcome['no_time'])}; "
+          f"left for lack of time {len(outcome['no_time'])}, left by --max-runs {len(outcome['over_max_runs'])}; "
           f"{aggregated['runs']['finished']} of {aggregated['runs']['planned']} runs of the profile finished")
     if args.archive:
         print(f"archive: {args.archive} holds {pack_finished(jobs, root, args.archive)} finished run folders")

@@ -711,6 +711,31 @@ def _fake_finished_run(folder, epoch_seconds, device=None):
     (folder / "history.csv").write_text("epoch,epoch_seconds\n" + rows)
 
 
+def test_runs_past_max_runs_are_left_as_asked_not_skipped_and_the_exit_status_is_0(tmp_path, capsys):
+    # A batch job that trains its chunk of the queue (--max-runs N) and stops as asked has not failed: exit 0, as
+    # --max-minutes gives. A run skipped for a missing init-from checkpoint still gives 1.
+    profile = get_profile("tiny")  # softmax-absolute and favor-absolute, seeds 0 and 1
+    root = benchmark.profile_root(tmp_path, profile)
+    trained = []
+
+    def fake_train(config, folder, verbose=0):
+        trained.append(str(folder))
+        return {"test_accuracy": 0.5}
+
+    argv = ["--profile", "tiny", "--results-dir", str(tmp_path), "--max-runs", "1"]
+    with mock.patch("experiments.training.train", side_effect=fake_train), \
+            mock.patch.object(benchmark, "write_aggregate", return_value={"runs": {"finished": 0, "planned": 4}}):
+        assert benchmark.main(argv) == 0
+    jobs = benchmark.plan(profile, tmp_path)
+    assert trained == [str(jobs[0].folder(root))]
+    assert "trained 1, failed 0, skipped 0, left for lack of time 0, left by --max-runs 3;" in capsys.readouterr().out
+    outcome = benchmark.run_queue(jobs, root, max_runs=0, log=lambda line: None)
+    assert outcome["over_max_runs"] == [str(job.folder(root)) for job in jobs] and outcome["skipped"] == []
+    needs_missing = dataclasses.replace(jobs[0], needs=tmp_path / "absent" / "best.keras")
+    outcome = benchmark.run_queue([needs_missing], root, log=lambda line: None)
+    assert outcome["skipped"] == [str(needs_missing.folder(root))]
+
+
 def test_max_minutes_starts_only_runs_the_time_left_can_finish_and_archive_packs_them(tmp_path):
     import tarfile
 
