@@ -507,19 +507,26 @@ def worker_memory(workers):
             "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / workers:.3f}"}
 
 
-def run_workers(argv, workers):
+def run_workers(argv, workers, max_runs=None):
     """Run the queue in `workers` processes at once (`--shard k/workers` each); the worst exit status.
 
     Each worker gets its share of the accelerator's memory and trains every
     `workers`-th queued run, so no two touch one folder; each resumes and
     skips finished runs exactly as a single process does. Lines of the
-    workers' logs interleave, each whole.
+    workers' logs interleave, each whole. `max_runs` is for all of them
+    together: each worker gets its share (`worker_max_runs`).
     """
-    argv = drop_options(argv, ("--workers", "--archive"))
+    argv = drop_options(argv, ("--workers", "--archive", "--max-runs"))
     env = dict(os.environ, **worker_memory(workers))
-    processes = [subprocess.Popen([sys.executable, "-m", "experiments.benchmark", *argv, "--shard", f"{k}/{workers}"],
+    processes = [subprocess.Popen([sys.executable, "-m", "experiments.benchmark", *argv, "--shard", f"{k}/{workers}",
+                                   *([] if max_runs is None else ["--max-runs", str(worker_max_runs(max_runs, workers, k))])],
                                   env=env) for k in range(workers)]
     return max(process.wait() for process in processes)
+
+
+def worker_max_runs(max_runs, workers, k):
+    """Worker k's share of `max_runs` trainings: the first max_runs % workers workers take one more."""
+    return max_runs // workers + (k < max_runs % workers)
 
 
 def drop_options(argv, names):
@@ -574,7 +581,7 @@ def run(args, argv=()):
         list_queue(jobs, root, profile)
         return 0
     if args.workers > 1:
-        status = run_workers(argv, args.workers)
+        status = run_workers(argv, args.workers, args.max_runs)
         write_aggregate(profile, args.results_dir, selected)
         if args.archive:
             print(f"archive: {args.archive} holds {pack_finished(jobs, root, args.archive)} finished run folders")

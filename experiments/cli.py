@@ -214,7 +214,7 @@ OPTIONS = {
     "profile": dict(default="small", help="a profile of experiments/benchmark_profiles.py (default small)"),
     "experiments": dict(nargs="+", help="some of variants, init_from, num_features, normalize_qk, learning_rate, "
                                         "stabilizer (default: all)"),
-    "max-runs": dict(type=non_negative_int, help="stop after training this many runs"),
+    "max-runs": dict(type=non_negative_int, help="stop after training this many runs (with --workers, in all)"),
     "max-minutes": dict(type=positive_float, help="start no run that the time left cannot finish, judged by the "
                                                    "finished runs' epoch times, then stop cleanly"),
     "workers": dict(type=positive_int, default=1,

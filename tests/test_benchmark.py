@@ -933,6 +933,19 @@ def test_two_workers_share_the_queue_and_the_parent_aggregates_and_archives(tmp_
         == ["--seeds", "0"]
 
 
+def test_max_runs_counts_every_worker_s_trainings_together():
+    # Each worker once took the whole --max-runs: --workers 4 --max-runs 2 trained up to 8 runs.
+    assert [benchmark.worker_max_runs(2, 4, k) for k in range(4)] == [1, 1, 0, 0]
+    assert [benchmark.worker_max_runs(7, 3, k) for k in range(3)] == [3, 2, 2]
+    started = []
+    with mock.patch.object(benchmark.subprocess, "Popen") as popen:
+        popen.side_effect = lambda command, env: started.append(command) or mock.Mock(wait=lambda: 0)
+        assert benchmark.run_workers(["--profile", "tiny", "--workers", "3", "--max-runs=4"], 3, max_runs=4) == 0
+    assert [command[command.index("--shard") + 1:] for command in started] == [
+        ["0/3", "--max-runs", "2"], ["1/3", "--max-runs", "1"], ["2/3", "--max-runs", "1"]]
+    assert all(command.count("--max-runs") == 1 and "--max-runs=4" not in command for command in started)
+
+
 @pytest.mark.slow  # a real process killed at a chosen moment (pytest.ini); the quick loop keeps the in-process queue tests
 def test_killed_benchmark_resumes_and_aggregates(tmp_path, capsys):
     command = [sys.executable, "-m", "experiments.benchmark", "--profile", "tiny", "--results-dir", str(tmp_path)]
