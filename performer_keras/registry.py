@@ -12,7 +12,7 @@ new linear kernel is one `FeatureMap` file plus one `register_kernel` call
 import dataclasses
 import importlib
 
-from performer_keras.options import ROTATION_ORDERS, check_choice
+from performer_keras.options import ROTATION_ORDERS, check_bool, check_choice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +180,7 @@ def list_variants(extra=False):
 
 def normalizes_qk(position, normalize_qk=None):
     """Whether attention l2-normalises q and k: `normalize_qk`, or the position's default when None."""
-    return POSITION_TABLE[position].normalize_qk if normalize_qk is None else bool(normalize_qk)
+    return POSITION_TABLE[position].normalize_qk if normalize_qk is None else check_bool("normalize_qk", normalize_qk)
 
 
 def compatible(kernel, position):
