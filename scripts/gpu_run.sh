@@ -10,7 +10,7 @@
 # runs, which have no finished run to judge from: the log says so).
 # PERFORMER_MPS=1 runs the command under NVIDIA's Multi-Process Service (a daemon started here and
 # stopped at the end): without it the processes of `--workers N` take turns on the GPU instead of
-# sharing it, which may be why 4 workers gained 1.68x and 8 less (README: Measured on a GPU).
+# sharing it, which may be why 4 workers gained 1.68x and 8 less (profiles/README.md: The engine benchmark on a GPU).
 set -euo pipefail
 (($# >= 1)) || { echo "gpu_run.sh: usage: scripts/gpu_run.sh WHEELS_DIR [benchmark options]" >&2; exit 2; }
 wheels=$1

@@ -145,6 +145,6 @@ def test_auto_uses_the_factor_of_the_committed_kerple_paths_profile(backend, mon
             intervals[term] = kerple_paths.factor_interval(points_under_todays_model())
         assert not intervals[0][2] and not intervals[16][2]
         low, high, consistent = intervals[term]
-        assert consistent and high / low > 1.3  # README: "its ends 1.33 times apart"
+        assert consistent and high / low > 1.3  # profiles/README.md: "its ends 1.33 times apart"
     quoted = ", ".join(f"{name}: {factor}" for name, factor in FFT_COST_FACTORS.items())
     assert f"(`FFT_COST_FACTORS`; {quoted})" in (REPO / "README.md").read_text()
