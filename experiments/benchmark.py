@@ -554,11 +554,6 @@ def run(args, argv=()):
     try:
         if args.workers > 1 and args.shard:
             raise RunError("--workers and --shard exclude each other: --workers starts the shards itself")
-        if args.archive and (not args.archive.endswith(".tar.gz") or Path(args.archive).is_dir()):
-            raise RunError(f"--archive {args.archive}: give a file name ending in .tar.gz")
-        if args.archive and not Path(args.archive).resolve().parent.is_dir():
-            # Checked now: the archive is written once the queue ends, hours later.
-            raise RunError(f"--archive {args.archive}: its folder does not exist")
         profile = get_profile(args.profile)
         selected = selected_jobs(args, profile)
         # Keras (and its backend) load only once the selection is known to be good.

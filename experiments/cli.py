@@ -130,13 +130,36 @@ def folder_arg(text):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise argparse.ArgumentTypeError(f"{text} lies under {existing}, a file; give a folder")
-    # A folder made and removed is the only answer that holds everywhere: as root access() grants every
+    _check_writable(text, existing, "folder")
+    return text
+
+
+def _check_writable(text, folder, what):
+    """ArgumentTypeError unless a `what` ("folder" or "file") can be made in the existing `folder`."""
+    # One made and removed is the only answer that holds everywhere: as root access() grants every
     # write, yet a read-only mount or a kernel file system such as /proc still refuses one.
     try:
-        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".write-check-"))
+        if what == "folder":
+            os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".write-check-"))
+        else:
+            handle, path = tempfile.mkstemp(dir=folder, prefix=".write-check-")
+            os.close(handle)
+            os.remove(path)
     except OSError as error:
-        raise argparse.ArgumentTypeError(f"{text} cannot be written: no folder can be made in {existing} "
+        raise argparse.ArgumentTypeError(f"{text} cannot be written: no {what} can be made in {folder} "
                                          f"({error.strerror})") from None
+
+
+def archive_arg(text):
+    """argparse type of --archive: a .tar.gz file name in an existing folder that can be written, checked
+    now since the archive is written once the queue ends, hours later."""
+    given_arg(text)
+    if not text.endswith(".tar.gz") or os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"expected a file name ending in .tar.gz, got {text!r}")
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{text}: its folder does not exist")
+    _check_writable(text, folder, "file")
     return text
 
 
@@ -222,7 +245,7 @@ OPTIONS = {
                          "accelerator's memory (default 1; keep 1 on a CPU)"),
     "shard": dict(type=shard_arg, help="K/N: run only queue entries K, K+N, K+2N, ... (what --workers gives each "
                                         "worker process)"),
-    "archive": dict(type=given_arg, help="at the end, pack every finished run folder (no backups, no checkpoints) into this .tar.gz"),
+    "archive": dict(type=archive_arg, help="at the end, pack every finished run folder (no backups, no checkpoints) into this .tar.gz"),
     "list": dict(**_FLAG, help="print the queue with each run's state and exit"),
     "list-variants": dict(**_FLAG, help="print the variant names and exit"),
     "verbose": dict(**_FLAG, help="Keras progress lines for every epoch"),

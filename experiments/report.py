@@ -30,7 +30,7 @@ from pathlib import Path
 from experiments import atomic
 from experiments.aggregate import (BASELINE, common_timing_group, group_mean, is_main_variant, normalization_index,
                                   queue_part, relative_positions, timing_ratio)
-from experiments.benchmark import profile_root, selected_jobs, write_aggregate
+from experiments.benchmark import commands, profile_root, selected_jobs, write_aggregate
 from experiments.benchmark_figures import dataset_name, plot_curves, plot_pareto
 from experiments.benchmark_profiles import PROFILES, get_profile
 from experiments.cli import SELECTION_OPTIONS, fail, parser, start_backend
@@ -732,10 +732,14 @@ def main(argv=None):
     try:
         profile = get_profile(args.profile)
         selected = selected_jobs(args, profile)
+        root = profile_root(args.results_dir, profile)
+        if not root.is_dir():
+            # A mistyped --results-dir would otherwise get a new folder holding a report of no runs.
+            raise RunError(f"{root} does not exist: no run of profile {profile.name!r} to report; "
+                           f"run {commands(profile, args.results_dir)['benchmark']} first")
     except (RunError, ValueError) as error:
         return fail("report", error)
     start_backend("report")
-    root = profile_root(args.results_dir, profile)
     write_aggregate(profile, args.results_dir, selected)
     aggregated = json.loads((root / "aggregate.json").read_text())
     readme = write_report(aggregated, root, args.results_dir)

@@ -170,7 +170,13 @@ def record_provenance(out_dir, start_epoch, jit_compile):
 def load_checkpoint(checkpoint):
     """The model saved in `checkpoint`, a .keras file or a run folder (its best.keras); RunError (one line) if it
     cannot be read."""
+    # Keras reports a missing file as "File format not supported", which sends a user looking at the wrong thing.
+    if not Path(checkpoint).exists():
+        raise RunError(f"cannot read --init-from checkpoint {checkpoint}: no such file or folder")
     if Path(checkpoint).is_dir():
+        if not (Path(checkpoint) / "best.keras").is_file():
+            raise RunError(f"cannot read --init-from checkpoint {checkpoint}: a folder without best.keras "
+                           "(give a run folder or a .keras file)")
         checkpoint = Path(checkpoint) / "best.keras"
     try:
         return keras.models.load_model(checkpoint, custom_objects=performer_keras.custom_objects())

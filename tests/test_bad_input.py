@@ -40,6 +40,7 @@ def files(tmp):
     (other_export / "export_of.json").write_text(json.dumps({"run": "/elsewhere/run"}))
     (tmp / "notes").mkdir()
     (tmp / "notes" / "todo.txt").write_text("mine\n")
+    (tmp / "results" / "tiny").mkdir(parents=True)  # a profile's folder, before its first run ends
 
 
 CASES = {
@@ -76,8 +77,9 @@ CASES = {
                                             "an export of /elsewhere/run"),
     "train --export a folder of other files": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/notes"],
                                                "no export of this run"),
-    "train --init-from missing": (train.main, [*TINY, "--init-from", "{tmp}/none.keras"], "cannot read --init-from"),
-    "train --init-from a folder without best.keras": (train.main, [*TINY, "--init-from", "{tmp}/notes"], "best.keras"),
+    "train --init-from missing": (train.main, [*TINY, "--init-from", "{tmp}/none.keras"],
+                                  "none.keras: no such file or folder"),
+    "train --init-from a folder without best.keras": (train.main, [*TINY, "--init-from", "{tmp}/notes"], "a folder without best.keras"),
     "train --init-from not a model": (train.main, [*TINY, "--init-from", "{tmp}/bogus.keras"], "cannot read --init-from"),
     "train --precision float8": (train.main, [*TINY, "--precision", "float8"], "Unknown precision"),
     "train --limit 0": (train.main, [*TINY, "--limit", "0"], "--limit"),
@@ -125,6 +127,8 @@ CASES = {
     "benchmark --max-minutes 0": (benchmark.main, ["--profile", "tiny", "--max-minutes", "0", "--results-dir", "{tmp}/r"], "--max-minutes"),
     "benchmark --archive not .tar.gz": (benchmark.main, ["--profile", "tiny", "--archive", "{tmp}/runs.zip", "--results-dir", "{tmp}/r"], "--archive"),
     "benchmark --archive in a missing folder": (benchmark.main, ["--profile", "tiny", "--archive", "{tmp}/no/runs.tar.gz", "--results-dir", "{tmp}/r"], "folder does not exist"),
+    "benchmark --archive where no file can be made": (benchmark.main, ["--profile", "tiny", "--archive", "/proc/runs.tar.gz", "--results-dir", "{tmp}/r"],
+                                                      "no file can be made in /proc"),
     "benchmark --shard 2/2": (benchmark.main, ["--profile", "tiny", "--shard", "2/2", "--results-dir", "{tmp}/r"], "--shard"),
     "benchmark --workers with --shard": (benchmark.main, ["--profile", "tiny", "--workers", "2", "--shard", "0/2", "--results-dir", "{tmp}/r"], "exclude"),
     "benchmark --seeds x": (benchmark.main, ["--profile", "tiny", "--seeds", "x", "--results-dir", "{tmp}/r"], "--seeds"),
@@ -141,6 +145,8 @@ CASES = {
     "report --results-dir under a file": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/a_file.txt/r"], "a file"),
     "report --results-dir where no folder can be made": (report.main, ["--profile", "tiny", "--results-dir", "/proc/performer-keras"], "no folder can be made"),
     "benchmark --results-dir an empty string": (benchmark.main, ["--profile", "tiny", "--results-dir", ""], "empty string"),
+    "report on a results folder without the profile": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/r"],
+                                                        "r/tiny does not exist: no run of profile 'tiny' to report"),
     "report --profile huge": (report.main, ["--profile", "huge", "--results-dir", "{tmp}/r"], "huge"),
     # tuning
     "tuning --out a file": (tuning_main.main, ["favor-rope", "--out", "{tmp}/a_file.txt"], "is a file"),
@@ -195,7 +201,7 @@ BACKEND_CASES = {
     "train": (train.main, [*TINY, "--out", "{tmp}/run"], "train.py"),
     "evaluate": (evaluate.main, ["{tmp}/corrupt_run"], "evaluate.py"),
     "benchmark": (benchmark.main, ["--profile", "tiny", "--results-dir", "{tmp}/r"], "benchmark"),
-    "report": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/r"], "report"),
+    "report": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/results"], "report"),
     "tuning": (tuning_main.main, ["favor-rope", "--out", "{tmp}/t"], "python -m tuning"),
     "profiles": (profiles_main.main, ["--skip-scaling", "--out", "{tmp}/p"], "python -m profiles"),
 }
