@@ -163,6 +163,16 @@ def archive_arg(text):
     return text
 
 
+def checkout_arg(text):
+    """argparse type of --baseline: a checkout of this project (its `experiments` package), checked now since
+    the engine benchmark measures the baseline after minutes of timing this checkout."""
+    given_arg(text)
+    if not os.path.isfile(os.path.join(text, "experiments", "__init__.py")):
+        raise argparse.ArgumentTypeError(f"{text} is not a checkout of this project (no experiments/__init__.py); "
+                                         "make one with git worktree add PATH COMMIT")
+    return text
+
+
 def limit_arg(text):
     """argparse type of --limit: an integer >= 1, or 'all' (every example, lifting a limit set elsewhere)."""
     return text if text == "all" else positive_int(text)
@@ -250,7 +260,7 @@ OPTIONS = {
     "list-variants": dict(**_FLAG, help="print the variant names and exit"),
     "verbose": dict(**_FLAG, help="Keras progress lines for every epoch"),
     # Cost profiles.
-    "baseline": dict(type=given_arg, help="a checkout of another commit whose train.py path to measure alongside this one"),
+    "baseline": dict(type=checkout_arg, help="a checkout of another commit whose train.py path to measure alongside this one"),
     "backends": dict(nargs="+", choices=BACKENDS, help="the backends to measure (default: both)"),
     "compare-huge-pages": dict(action="store_true",
                                help="also time every subject with and without huge pages for XLA's buffers"),

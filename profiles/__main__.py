@@ -75,6 +75,11 @@ def run(args, argv):
     variants = args.variants
     result_dir = args.out / bench.device_slug() / keras.backend.backend()
     if args.report_only:
+        manifest, bench_records, scaling_records = report.load_results(result_dir)
+        if not (manifest["runs"] or bench_records or scaling_records):
+            # Else a mistyped --out, or another backend, gets a summary of nothing.
+            return fail(PROG, f"{result_dir} holds no profile results to summarise; run {PROG} first "
+                              "(the folder is per device and Keras backend)")
         print(report.write_summary(result_dir))
         return 0
     failed = []

@@ -17,6 +17,7 @@ import evaluate
 import train
 from experiments import benchmark, report
 from profiles import __main__ as profiles_main
+from profiles import engine
 from tuning import __main__ as tuning_main
 from tuning import sweep
 
@@ -165,6 +166,15 @@ CASES = {
     "profiles --out where no folder can be made": (profiles_main.main, ["--out", "/proc/performer-keras"], "no folder can be made"),
     "profiles --width 30 --heads 4": (profiles_main.main, ["--width", "30", "--heads", "4", "--out", "{tmp}/p"], "divisible"),
     "profiles --steps 0": (profiles_main.main, ["--steps", "0", "--out", "{tmp}/p"], "--steps"),
+    "profiles --report-only with nothing measured": (profiles_main.main, ["--report-only", "--out", "{tmp}/p"],
+                                                     "holds no profile results to summarise"),
+    # profiles.engine
+    "engine --baseline missing": (engine.main, ["--baseline", "{tmp}/old-checkout", "--out", "{tmp}/e"],
+                                  "is not a checkout of this project"),
+    "engine --baseline not a checkout": (engine.main, ["--baseline", "{tmp}/notes", "--out", "{tmp}/e"],
+                                         "is not a checkout of this project"),
+    "engine --rounds 0": (engine.main, ["--rounds", "0", "--out", "{tmp}/e"], "--rounds"),
+    "engine --out a file": (engine.main, ["--out", "{tmp}/a_file.txt"], "is a file"),
 }
 
 
@@ -173,9 +183,9 @@ def checksums(folder):
             for p in sorted(folder.rglob("*"))}
 
 
-def test_the_table_covers_all_six_tools_with_40_or_more_inputs():
+def test_the_table_covers_all_seven_tools_with_40_or_more_inputs():
     tools = {main for main, _, _ in CASES.values()}
-    assert len(CASES) >= 40 and len(tools) == 6
+    assert len(CASES) >= 40 and len(tools) == 7
 
 
 @pytest.mark.parametrize("case", list(CASES))

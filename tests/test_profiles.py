@@ -421,6 +421,8 @@ def test_engine_compares_huge_pages_in_alternating_children_and_runs_a_baseline_
 
     monkeypatch.setattr(engine, "run_child", fake_child)
     baseline = tmp_path / "old-checkout"
+    (baseline / "experiments").mkdir(parents=True)
+    (baseline / "experiments" / "__init__.py").touch()
     assert engine.main(["--backends", "jax", "--compare-huge-pages", "--baseline", str(baseline),
                         "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("*/engine-jax-huge-pages.json")
