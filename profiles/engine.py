@@ -72,7 +72,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from experiments.cli import BACKENDS, command_line, parser, start_backend
+from experiments.cli import BACKENDS, command_line, fail, parser, start_backend
 
 start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
@@ -254,6 +254,18 @@ def record_name(task, backends, worker_counts=(), compare_huge_pages=False):
     return "-".join(parts) + ".json"
 
 
+def check_task(task):
+    """ValueError (one line) if the children could not train `task`: found here, not in a child's traceback."""
+    from experiments import data
+    from experiments.run_config import RunConfig
+
+    extra = {name: task[name] for name in ("num_features", "precision") if name in task}
+    config = RunConfig(variant=task["variants"][0], dataset=task["dataset"], size=task["size"],
+                       batch_size=task["batch_size"], limit=task["limit"], **extra)
+    images = data.load_dataset(task["dataset"], limit=task["limit"], validation_size=task["validation_size"]).train[0]
+    config.check_data(images.shape[1:], len(images))
+
+
 def main(argv=None):
     args = parser("python -m profiles.engine", __doc__, "out", "baseline", "backends", "num-features",
                   "rounds", *TASK_OPTIONS, "worker-counts", "compare-huge-pages", "roofline").parse_args(argv)
@@ -267,6 +279,10 @@ def main(argv=None):
     for name in TASK_OPTIONS:
         if getattr(args, name) is not None:
             task[name] = None if getattr(args, name) == "all" else getattr(args, name)
+    try:
+        check_task(task)
+    except ValueError as error:
+        return fail("python -m profiles.engine", error)
     # Under an MPS daemon, every worker count is timed without and with it; one run, without it.
     under_mps = bool(args.worker_counts and os.environ.get(MPS_PIPE))
     arms = (False, True) if under_mps else (None,)

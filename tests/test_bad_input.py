@@ -174,6 +174,9 @@ CASES = {
     "engine --baseline not a checkout": (engine.main, ["--baseline", "{tmp}/notes", "--out", "{tmp}/e"],
                                          "is not a checkout of this project"),
     "engine --rounds 0": (engine.main, ["--rounds", "0", "--out", "{tmp}/e"], "--rounds"),
+    "engine --size huge": (engine.main, ["--size", "huge", "--out", "{tmp}/e"], "Unknown size 'huge'"),
+    "engine --precision float8": (engine.main, ["--precision", "float8", "--out", "{tmp}/e"], "Unknown precision"),
+    "engine unknown dataset": (engine.main, ["--dataset", "no_such_dataset_xyz", "--out", "{tmp}/e"], "mnist"),
     "engine --out a file": (engine.main, ["--out", "{tmp}/a_file.txt"], "is a file"),
 }
 
