@@ -20,7 +20,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from experiments.cli import fail, parser
+from experiments.cli import fail, parser, start_backend
+
+start_backend("rebuild_logs")  # before the imports below load Keras: drops TensorFlow's start-up log
+
 from experiments.evaluation import log_test_metrics
 from experiments.event_logs import EpochScalars
 from experiments.history import read_history

@@ -78,13 +78,17 @@ def test_a_tool_that_loaded_tensorflow_still_fails_in_one_line():
 
 # The single-purpose measurements, each of which imports Keras before it parses its command line.
 SINGLE_TOOLS = ("profiles.engine", "profiles.precision", "profiles.kerple_cost", "profiles.kerple_paths",
-                "profiles.favor_estimator", "profiles.xla_cost", "experiments.pilots")
+                "profiles.favor_estimator", "profiles.xla_cost", "experiments.pilots", "experiments.favor_floor",
+                "experiments.rebuild_logs")
 
 
 @pytest.mark.slow
 def test_the_single_purpose_tools_refuse_a_bad_argument_in_one_line():
     env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
-    running = {tool: subprocess.Popen([sys.executable, "-m", tool, "--no-such-option"], cwd=ROOT, env=env,
+    # A positional argument where the tool requires one, so that argparse reaches the unknown option.
+    positional = {"experiments.favor_floor": ["model.keras"], "experiments.rebuild_logs": ["run"]}
+    running = {tool: subprocess.Popen([sys.executable, "-m", tool, *positional.get(tool, []), "--no-such-option"],
+                                      cwd=ROOT, env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                for tool in SINGLE_TOOLS}
     for tool, process in running.items():
