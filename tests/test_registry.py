@@ -141,9 +141,11 @@ def test_model_config_refuses_heads_that_do_not_divide_the_width():
         (dict(image_shape=(8, 8)), r"image_shape must be \(height, width, channels\), three integers >= 1, got \(8, 8\)"),
         (dict(image_shape=(8, 8, 0)), r"image_shape must be \(height, width, channels\)"),
         (dict(absolute_position="no"), "absolute_position must be True or False, got 'no'"),  # truthy to bool()
+        (dict(dropout=1.5), "dropout must be < 1, got 1.5"),
+        (dict(dropout="0.1"), "dropout must be a finite number, got '0.1'"),
     ],
 )
-def test_build_vit_refuses_a_shape_with_nothing_to_learn_or_a_flag_that_is_not_a_bool(kwargs, match):
+def test_build_vit_refuses_a_shape_with_nothing_to_learn_a_flag_that_is_not_a_bool_or_a_bad_dropout(kwargs, match):
     arguments = dict(image_shape=(8, 8, 1), num_classes=3, width=8, depth=1, heads=2, mlp_dim=8, patch_size=4)
     with pytest.raises(ValueError, match=match):
         pk.build_vit(**{**arguments, **kwargs})
