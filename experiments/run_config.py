@@ -73,6 +73,9 @@ class RunConfig:
     def __post_init__(self):
         try:
             parse_variant(self.variant)
+            # An empty name would read the current folder as a folder of images.
+            if not isinstance(self.dataset, str) or not self.dataset.strip():
+                raise ValueError(f"dataset must be a name or path, got {self.dataset!r}")
             check_choice("size", self.size, tuple(SIZES))
             check_choice("precision", self.precision, PRECISIONS)
             if self.augment is not None:

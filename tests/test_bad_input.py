@@ -30,6 +30,8 @@ def files(tmp):
     (tmp / "wd_string.json").write_text(json.dumps({"weight_decay": "abc"}))
     (tmp / "qknorm_string.json").write_text(json.dumps({"normalize_qk": "no"}))  # truthy: it switched normalising on
     (tmp / "broken.json").write_text("{")
+    (tmp / "dataset_empty.json").write_text(json.dumps({"dataset": ""}))
+    (tmp / "dataset_number.json").write_text(json.dumps({"dataset": 10}))
     run = tmp / "corrupt_run"
     run.mkdir()
     (run / "config.json").write_text("{")
@@ -68,6 +70,10 @@ CASES = {
     "train hparams wd string": (train.main, [*TINY, "--hparams", "{tmp}/wd_string.json"], "weight_decay"),
     "train hparams normalize_qk a string": (train.main, [*TINY, "--hparams", "{tmp}/qknorm_string.json"],
                                             "normalize_qk must be True or False or None, got 'no'"),
+    "train hparams dataset empty": (train.main, [*TINY, "--hparams", "{tmp}/dataset_empty.json"],
+                                    "dataset must be a name or path, got ''"),
+    "train hparams dataset a number": (train.main, [*TINY, "--hparams", "{tmp}/dataset_number.json"],
+                                       "dataset must be a name or path, got 10"),
     "train hparams missing": (train.main, [*TINY, "--hparams", "{tmp}/missing.json"], "cannot read --hparams"),
     "train hparams not json": (train.main, [*TINY, "--hparams", "{tmp}/broken.json"], "cannot read --hparams"),
     "train --out a file": (train.main, [*TINY, "--out", "{tmp}/a_file.txt"], "is a file"),
