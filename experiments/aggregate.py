@@ -13,7 +13,9 @@ metrics.json) of every planned cell and returns one JSON-ready dict:
   seed); epochs to 90/95/99% validation accuracy (mean over the seeds that
   got there, and how many did); the validation accuracy curve's mean and std
   per epoch, and its largest fall below its best earlier epoch (per seed with
-  its epoch, and summarised: a collapse the run recovered from);
+  its epoch, and summarised: a collapse the run recovered from); where a run
+  folder holds a favor_floor.json, the largest share of a layer's attention
+  on FAVOR+'s epsilon floor that it measured (`favor_floor.largest_floor_mass`);
 * paired comparisons over the seeds two cells share: d_s = acc_s(cell) -
   acc_s(baseline), summarised like a metric. Seed s of two variants shares
   its data order, so pairing removes the seed's own luck from the gap.
@@ -39,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import atomic, significance
+from experiments.favor_floor import FloorError, largest_floor_mass
 from experiments.history import largest_fall, read_history, validation_curve
 from experiments.metrics import read_metrics
 from experiments.run_config import EXECUTION_FIELDS
@@ -153,6 +156,10 @@ def aggregate_cell(root, cell):
         history = read_history(folder / "history.csv")
         curves.append(validation_curve(history))
         runs[seed]["val_fall"] = largest_fall(curves[-1])
+        try:
+            runs[seed]["favor_floor"] = largest_floor_mass(folder)
+        except FloorError as error:  # a side file: the report names it in its cell instead of stopping
+            runs[seed]["favor_floor"] = {"damaged": str(error)}
         minutes[str(seed)] = sum(float(row["epoch_seconds"]) for row in history) / 60
     result = dict(cell)
     result["seeds"] = {"planned": list(cell["seeds"]), "finished": sorted(runs),

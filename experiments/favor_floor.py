@@ -124,6 +124,25 @@ def layer_floor(layer, inputs):
     }
 
 
+def largest_floor_mass(run):
+    """{"floor_mass", "layer", "epoch"}: the largest share of one layer's attention on the floor over every checkpoint
+    that the run folder's favor_floor.json read; None where the run has no such file or no layer with a floor mass
+    (kerple), and FloorError for a file this tool did not write (a report should not pass over it in silence)."""
+    path = Path(run) / "favor_floor.json"
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        rows = [(layer["floor_mass"], layer["layer"], checkpoint["epoch"]) for checkpoint in record["checkpoints"]
+                for layer in checkpoint["layers"] if layer["floor_mass"] is not None]
+    except (ValueError, KeyError, TypeError) as error:
+        raise FloorError(f"{path} is damaged or not written by experiments.favor_floor ({error!r})") from None
+    if not rows:
+        return None
+    mass, layer, epoch = max(rows, key=lambda row: row[0])
+    return {"floor_mass": mass, "layer": layer, "epoch": epoch}
+
+
 def measure(path, examples, dataset=None, stabilizer=None):
     """{"checkpoint", "epoch", "val_accuracy", "dataset", "stabilizer", "layers": [layer_floor per FAVOR+ layer]};
     FloorError if none. `stabilizer` replaces the model's own (None: keep it)."""

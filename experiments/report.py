@@ -90,6 +90,20 @@ def fall_text(cell):
     return ", ".join(parts) or "–"
 
 
+def floor_text(cell):
+    """Each seed's largest share of a layer's attention on FAVOR+'s epsilon floor, from its favor_floor.json:
+    "0: 0.085 (block 0, epoch 8)"; "–" where no run has the file."""
+    parts = []
+    for seed, values in sorted(cell["per_seed"].items(), key=lambda item: int(item[0])):
+        floor = values.get("favor_floor")
+        if floor and "damaged" in floor:
+            parts.append(f"{seed}: {floor['damaged']}")
+        elif floor:
+            layer = floor["layer"].removesuffix("_attention").replace("_", " ")
+            parts.append(f"{seed}: {floor['floor_mass']:.3f} ({layer}, epoch {floor['epoch']})")
+    return ", ".join(parts) or "–"
+
+
 def gap_text(gap):
     """A paired difference in percentage points: "-1.23 [-2.50, 0.04] (3 pairs)"."""
     if not gap or "mean" not in gap:
@@ -397,13 +411,20 @@ def setting_lines(aggregated, ablation):
         base = own.get((c["dataset"], c["variant"]))
         rows.append([dataset_name(c["dataset"]), c["variant"], accuracy_text(base) if base else "–",
                      ablation.text(c["setting"][field]), accuracy_text(c), fall_text(base) if base else "–",
-                     fall_text(c)])
+                     fall_text(c), floor_text(c)])
+    # The floor column only where some run of the ablation was measured (`experiments.favor_floor`).
+    floors = any(row[-1] != "–" for row in rows)
+    floor_words = (", and, where the run folder holds a favor_floor.json (made by `python -m experiments.favor_floor`, "
+                   "its command inside), the largest share of one block's attention on FAVOR+'s epsilon floor over the "
+                   "checkpoints it read (seed: share (block, epochs trained))") if floors else ""
     lines = [f"## Ablation: {ablation.heading}", "",
              f"{ablation.about.format(own=own_text)}. Test accuracy %, as in the main table (the profile's-{noun} column is "
              "the main table's row), and each seed's largest fall of validation accuracy below its best earlier epoch "
-             "(seed: points, the epoch of the low in brackets):", ""]
+             f"(seed: points, the epoch of the low in brackets){floor_words}:", ""]
     this = f"{ablation.preposition} this {noun}"
-    lines += table_lines(["dataset", "variant", at_profile, noun, this, f"fall {at_profile}", f"fall {this}"], rows) + [""]
+    header = ["dataset", "variant", at_profile, noun, this, f"fall {at_profile}", f"fall {this}"]
+    header, rows = (header + [f"on the floor {this}"], rows) if floors else (header, [row[:-1] for row in rows])
+    lines += table_lines(header, rows) + [""]
     keys = {ablation.key("change_from_profile"): f"this {noun} − the profile's",
             ablation.key("gap_to_softmax_same"): "gap to softmax", ablation.key("gap_closed_by"): f"gap closed by the {noun}",
             ablation.key("interaction_same"): "gap closed by the position"}

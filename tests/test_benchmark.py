@@ -585,6 +585,7 @@ def test_learning_rate_rows_read_the_gap_at_their_own_rate(tmp_path):
     assert "| 0: 40.00 (2), 1: 45.00 (2), 2: 50.00 (2) | 0: 0.00 (1), 1: 0.00 (1), 2: 0.00 (1) |" in readme  # 1e-3, 5e-4
     assert readme.count("| 0: 40.00 (2), 1: 45.00 (2), 2: 50.00 (2) |") == 2  # there and in the MNIST detail table
     assert "learning-rate ablation 6 of 6" in readme
+    assert "on the floor" not in readme  # no run has a favor_floor.json: no column for it
     with pytest.raises(ValueError, match="lists its own learning rate 0.001"):
         dataclasses.replace(profile, learning_rate=dict(variants=("favor-absolute",), values=(1e-3,), datasets=("mnist",)))
 
@@ -606,8 +607,19 @@ def test_stabilizer_rows_read_favor_against_softmax_s_own_row(tmp_path):
         assert job.config == profile.config(job.variant, "mnist", job.seed, stabilizer=job.config.stabilizer)
         fake_run(job.folder(root), job.config, table[(job.variant, job.config.stabilizer)][job.seed], [0.9, 0.95],
                  test_examples=10_000)
+    # favor_floor.json (`experiments.favor_floor`) in two runs: the largest share over checkpoints and layers, kerple's
+    # null passed over; a damaged one is named in its cell rather than stopping the report.
+    ablation = root / "ablations" / "stabilizer" / "mnist"
+    layers = lambda *masses: [{"layer": f"block_{i}_attention", "floor_mass": m} for i, m in enumerate(masses)]
+    (ablation / "favor-absolute-stabilizer-exponent" / "seed1" / "favor_floor.json").write_text(json.dumps(
+        {"checkpoints": [{"epoch": 20, "layers": layers(0.01, 0.02)}, {"epoch": 2, "layers": layers(0.03, None)},
+                         {"epoch": 8, "layers": layers(0.05, 0.12)}]}))
+    (ablation / "favor-rope-stabilizer-exponent" / "seed2" / "favor_floor.json").write_text('{"checkpoints": [')
     result = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))
     absolute, rope = (c for c in result["cells"] if c["experiment"] == "stabilizer")
+    assert absolute["per_seed"]["1"]["favor_floor"] == {"floor_mass": 0.12, "layer": "block_1_attention", "epoch": 8}
+    assert absolute["per_seed"]["0"]["favor_floor"] is None
+    assert "favor-rope-stabilizer-exponent/seed2/favor_floor.json is damaged" in rope["per_seed"]["2"]["favor_floor"]["damaged"]
     assert absolute["setting"] == rope["setting"] == {"stabilizer": "exponent"}
     # By hand: favor-absolute with the exponent minus with the logits .011, .003, .018; minus softmax -.002, -.004, -.001.
     assert absolute["change_from_profile_stabilizer"]["mean"] == pytest.approx(0.032 / 3)
@@ -626,6 +638,9 @@ def test_stabilizer_rows_read_favor_against_softmax_s_own_row(tmp_path):
     assert "than the profile's (logits)" in readme
     assert "| MNIST | favor-absolute | exponent | gap to softmax | softmax-absolute |" in readme
     assert "| MNIST | favor-rope | exponent | gap closed by the position | softmax-rope + (favor-absolute with " in readme
+    assert "| fall with this stabiliser | on the floor with this stabiliser |" in readme
+    assert "| 0: 0.00 (1), 1: 0.00 (1), 2: 0.00 (1) | 1: 0.120 (block 1, epoch 8) |" in readme
+    assert "| 2: " + rope["per_seed"]["2"]["favor_floor"]["damaged"] + " |" in readme
     assert "stabiliser ablation 6 of 6" in readme
     # One finished pair is a difference without an interval or a test, and says so.
     assert report.test_text(aggregate.paired_difference({0: 0.986}, {0: 0.975})) == "+1.10 (one pair: no interval, no test)"
