@@ -136,20 +136,35 @@ def load_dataset(
     Raises
     ------
     DataError
-        A bundled file is missing or damaged, or tensorflow-datasets cannot
-        provide the dataset.
+        A bundled file is missing or damaged, a path names no ``.npz`` or
+        image folder, or tensorflow-datasets cannot provide the dataset.
     """
     if limit is not None:
         check_positive("limit", limit)
+    path = Path(name).expanduser()
     if name in BUNDLED:
         arrays = _read_bundled(name, Path(data_dir))
     elif str(name).endswith(".npz"):
-        arrays = _read_npz(Path(name))
-    elif Path(name).is_dir():
-        arrays = _read_folder(Path(name), split_seed)
+        arrays = _read_npz(path)
+    elif path.is_dir():
+        arrays = _read_folder(path, split_seed)
+    elif path.exists() or str(name).startswith(_PATH_STARTS):
+        raise DataError(_not_a_dataset_file(name, path))
     else:
         arrays = _read_tfds(name)
     return _make_splits(name, *arrays, limit, validation_size, split_seed, limit_test)
+
+
+# A tensorflow-datasets name may hold "/" ("mnist/3.0.1") but never starts like a
+# path, so a missing or unsuitable path is named as such instead of failing in
+# tfds' name parser.
+_PATH_STARTS = ("/", "./", "../", "~", ".\\", "..\\")
+
+
+def _not_a_dataset_file(name, path: Path) -> str:
+    if path.exists():
+        return f"Dataset {str(name)!r} is neither a .npz file nor a folder of images with one subfolder per class"
+    return f"Dataset {str(name)!r}: no such file or folder"
 
 
 def augmentation_for(dataset_name: str, channels: int | None = None) -> str:
@@ -163,7 +178,7 @@ def augmentation_for(dataset_name: str, channels: int | None = None) -> str:
     always accepted (`augment.py`); ``--augment`` overrides the choice.
     """
     name = dataset_name.lower()
-    if (name.endswith(".npz") or Path(dataset_name).is_dir()) and channels is not None:
+    if (name.endswith(".npz") or Path(dataset_name).expanduser().is_dir()) and channels is not None:
         return "rotate" if channels == 1 else "crop_flip"
     if "mnist" in name or name.startswith("svhn"):
         return "rotate"

@@ -95,6 +95,32 @@ def test_a_file_that_is_not_an_npz_is_refused(tmp_path, capsys):
     assert "junk.npz: not a readable .npz" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("kind", ["missing folder", "missing under ~", "a file of another kind"])
+def test_a_path_that_is_no_dataset_is_named_as_such_not_sent_to_tfds(tmp_path, capsys, monkeypatch, kind):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "notes.txt").write_text("not images")
+    dataset, expected = {
+        "missing folder": (str(tmp_path / "no_such_folder"), "no such file or folder"),
+        "missing under ~": ("~/no_such_folder", "no such file or folder"),
+        "a file of another kind": (str(tmp_path / "notes.txt"), "neither a .npz file nor a folder of images"),
+    }[kind]
+    monkeypatch.setattr(data, "_read_tfds", lambda name: pytest.fail(f"{name} was sent to tensorflow-datasets"))
+    capsys.readouterr()
+    assert train.main(["--dataset", dataset, *TINY, "--out", str(tmp_path / "run")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0] and repr(dataset) in lines[0], lines
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_folder_under_home_is_read_with_tilde_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_folder(tmp_path / "pets")
+    splits = data.load_dataset("~/pets")
+    assert splits.label_names == ("cat", "dog", "emu")
+    assert data.augmentation_for("~/pets", channels=1) == "rotate"
+    assert data.augmentation_for("~/pets", channels=3) == "crop_flip"
+
+
 # === A folder of images, one subfolder per class ===
 
 
