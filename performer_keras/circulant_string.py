@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from performer_keras.options import check_finite, check_rank
+from performer_keras.options import check_finite, check_positions, check_rank
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -54,6 +54,7 @@ class CirculantString(keras.layers.Layer):
     def call(self, inputs, positions):
         eigenvalues = self.eigenvalues()  # (2, heads, K)
         positions = ops.cast(positions, "float32")
+        check_positions("CirculantString", inputs.shape, positions.shape)
         # (heads, tokens, K): r_row lambda_row + r_col lambda_col
         angles = (
             positions[None, :, 0:1] * eigenvalues[0][:, None, :]

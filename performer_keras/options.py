@@ -95,3 +95,22 @@ def check_rank(layer, shape, layout):
     """
     if len(shape) != layout.count(",") + 1:
         raise ValueError(f"{layer} takes {layout} inputs, got shape {tuple(shape)}")
+
+
+def check_axis(layer, shape, axis, name, expected):
+    """Raise a ValueError if `shape[axis]` is known and differs from `expected`, naming the axis and both sizes.
+
+    Unchecked, a wrong size fails in a backend's reshape or matmul, deep in the
+    traceback, or broadcasts into a wrong answer.
+    """
+    size = shape[axis]
+    if size is not None and int(size) != expected:
+        raise ValueError(f"{layer}: {name} must be {expected}, got {int(size)} (shape {tuple(shape)})")
+
+
+def check_positions(layer, inputs_shape, positions_shape):
+    """Raise a ValueError unless `positions_shape` is (tokens, 2), tokens those of (..., tokens, dim) inputs."""
+    check_rank(f"{layer} positions", positions_shape, "(tokens, 2)")
+    check_axis(f"{layer} positions", positions_shape, 1, "the last axis, (row, column),", 2)
+    if inputs_shape[-2] is not None:
+        check_axis(f"{layer} positions", positions_shape, 0, "the number of positions, one per input token,", int(inputs_shape[-2]))

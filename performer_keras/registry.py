@@ -166,9 +166,12 @@ def variant_name(attention, position):
 
 def parse_variant(name):
     """'favor-rope' -> ('favor', 'rope'), each part checked."""
-    attention, _, position = str(name).partition("-")
+    attention, dash, position = str(name).partition("-")
+    if not dash:
+        raise ValueError(f"variant {name!r} must be <kernel>-<position> such as 'favor-rope'; kernels {tuple(KERNELS)}, "
+                         f"positions {tuple(POSITIONS)}")
     check_choice("attention", attention, KERNELS)
-    check_choice("position", position or None, POSITIONS)
+    check_choice("position", position, POSITIONS)
     return attention, position
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import keras
 from keras import ops
 
-from performer_keras.options import check_bool, check_finite
+from performer_keras.options import check_bool, check_finite, check_positions, check_rank
 
 
 def axial_frequencies(dim, base):
@@ -55,6 +55,7 @@ class RotaryEmbedding2D(keras.layers.Layer):
         self.base = float(check_finite("base", base, low=0.0, low_open=True))
 
     def build(self, inputs_shape, positions_shape=None):
+        check_rank("RotaryEmbedding2D", inputs_shape, "(batch, heads, tokens, dim)")
         dim = int(inputs_shape[-1])
         if dim % 4:
             raise ValueError(
@@ -76,6 +77,7 @@ class RotaryEmbedding2D(keras.layers.Layer):
     def call(self, inputs, positions):
         frequencies = ops.cast(self.frequencies, "float32")
         positions = ops.cast(positions, "float32")
+        check_positions("RotaryEmbedding2D", inputs.shape, positions.shape)
         angles = ops.matmul(frequencies, ops.transpose(positions))  # (heads, dim/2, tokens)
         angles = ops.transpose(angles, (0, 2, 1))  # (heads, tokens, dim/2)
         cos, sin = ops.cos(angles), ops.sin(angles)

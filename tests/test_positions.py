@@ -260,6 +260,47 @@ def test_position_layers_refuse_arguments_that_would_give_nan_or_empty_tables(bu
         build()
 
 
+@pytest.mark.parametrize(
+    "layer, values_shape, positions_shape, match",
+    [
+        # Each of these failed in a backend's reshape or matmul (InvalidArgumentError, deep in the traceback), or,
+        # for rope on a rank-3 input, took the batch axis for the heads.
+        pytest.param("rope", (2, HEADS, PATCHES - 1, HEAD_DIM), (PATCHES, 2),
+                     rf"RotaryEmbedding2D positions: the number of positions, one per input token, must be {PATCHES - 1}, "
+                     rf"got {PATCHES}", id="rope-positions-tokens"),
+        pytest.param("rope", (2, HEADS, PATCHES, HEAD_DIM), (PATCHES, 3),
+                     r"RotaryEmbedding2D positions: the last axis, \(row, column\), must be 2, got 3", id="rope-positions-3"),
+        pytest.param("rope", (2, HEADS, PATCHES, HEAD_DIM), (PATCHES,),
+                     r"RotaryEmbedding2D positions takes \(tokens, 2\) inputs", id="rope-positions-rank"),
+        pytest.param("rope", (HEADS, PATCHES, HEAD_DIM), (PATCHES, 2),
+                     r"RotaryEmbedding2D takes \(batch, heads, tokens, dim\) inputs", id="rope-rank-3"),
+        pytest.param("string", (2, HEADS, PATCHES + 1, HEAD_DIM), (PATCHES, 2),
+                     rf"CirculantString positions: the number of positions, one per input token, must be {PATCHES + 1}",
+                     id="string-positions-tokens"),
+        # Accepted before: the third column was never read.
+        pytest.param("string", (2, HEADS, PATCHES, HEAD_DIM), (PATCHES, 3),
+                     r"CirculantString positions: the last axis, \(row, column\), must be 2, got 3", id="string-positions-3"),
+        pytest.param("kerple", (2, HEADS + 1, PATCHES + 1, 3), None,
+                     rf"ToeplitzBias2D: the heads axis \(num_heads\) must be {HEADS}, got {HEADS + 1}", id="kerple-heads"),
+        pytest.param("kerple", (2, HEADS, PATCHES, 3), None,
+                     rf"ToeplitzBias2D: the tokens axis \(1 prefix \+ the 7 x 7 grid\) must be {PATCHES + 1}, got {PATCHES}",
+                     id="kerple-tokens"),
+        pytest.param("kerple", (HEADS, PATCHES + 1, 3), None,
+                     r"ToeplitzBias2D takes \(batch, heads, tokens, channels\) inputs", id="kerple-rank-3"),
+    ],
+)
+def test_position_layers_name_the_axis_when_inputs_and_positions_disagree(layer, values_shape, positions_shape, match):
+    values = np.zeros(values_shape, "float32")
+    with pytest.raises(ValueError, match=match):
+        if layer == "kerple":
+            ToeplitzBias2D(GRID, HEADS)(values)
+        else:
+            (RotaryEmbedding2D() if layer == "rope" else CirculantString())(values, np.zeros(positions_shape, "float32"))
+    if layer == "kerple":  # the dense reference path is checked the same way
+        with pytest.raises(ValueError, match=match):
+            ToeplitzBias2D(GRID, HEADS)(values, use_fft=False)
+
+
 def test_numpy_integers_pass_where_python_integers_do():
     # Sizes computed from array shapes are NumPy integers; the layers take them and store Python ints.
     layer = KernelAttention(num_heads=np.int64(2), position="kerple", grid_size=np.array([2, 3]), num_prefix_tokens=np.int32(1))

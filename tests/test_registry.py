@@ -124,6 +124,20 @@ def test_configs_saved_with_the_old_kernel_argument_still_load():
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
 
 
+@pytest.mark.parametrize("name, match", [
+    # A bare kernel read as a position of None ("Unknown position None"), which named neither the form nor the kernels.
+    ("softmax", r"variant 'softmax' must be <kernel>-<position> such as 'favor-rope'; kernels \('softmax', 'favor'"),
+    ("", r"variant '' must be <kernel>-<position>"),
+    ("favor-", r"Unknown position ''; expected one of \('absolute', 'rope', 'string', 'kerple'\)"),
+    ("-rope", r"Unknown attention ''"),
+    ("favor-rope-x", r"Unknown position 'rope-x'"),
+])
+def test_parse_variant_names_the_form_it_wants(name, match):
+    with pytest.raises(ValueError, match=match):
+        parse_variant(name)
+    assert parse_variant("favor-rope") == ("favor", "rope")
+
+
 def test_model_config_refuses_heads_that_do_not_divide_the_width():
     assert model_config("tiny", width=32, heads=4)["width"] == 32
     with pytest.raises(ValueError, match="width 30 is not divisible by heads 4"):
