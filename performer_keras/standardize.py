@@ -27,9 +27,17 @@ class Standardize(keras.layers.Layer):
                 or any(s <= 0 for s in self.std):
             raise ValueError(f"mean and std need one finite value per channel and std > 0, got {mean} and {std}")
 
+    def _check_channels(self, images_shape):
+        if images_shape[-1] != len(self.mean):
+            raise ValueError(f"Standardize has {len(self.mean)} channels, got images of shape {tuple(images_shape)}")
+
+    def build(self, images_shape):
+        # A functional model takes the output shape from compute_output_shape, without running `call`, so
+        # unchecked here a 3-channel mean on 1-channel images built a model that failed only at its first step.
+        self._check_channels(images_shape)
+
     def call(self, images):
-        if images.shape[-1] != len(self.mean):
-            raise ValueError(f"Standardize has {len(self.mean)} channels, got images of shape {images.shape}")
+        self._check_channels(images.shape)
         images = ops.cast(images, self.compute_dtype)
         mean = ops.convert_to_tensor(self.mean, self.compute_dtype)
         scale = ops.convert_to_tensor([1.0 / s for s in self.std], self.compute_dtype)

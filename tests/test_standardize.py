@@ -31,3 +31,14 @@ def test_refuses_mismatched_channels_and_zero_std():
         Standardize([float("inf")], [1.0])
     with pytest.raises(ValueError, match="3 channels"):
         Standardize([0.0] * 3, [1.0] * 3)(np.zeros((1, 2, 2, 1), np.float32))
+
+
+def test_a_model_whose_statistics_have_other_channels_than_its_images_is_refused_when_built():
+    # A functional model takes Standardize's output shape without running its call, so the check in `call` let
+    # build_vit make a model with a 3-channel mean on 1-channel images that failed only at its first step.
+    from performer_keras import build_vit
+
+    with pytest.raises(ValueError, match=r"Standardize has 3 channels, got images of shape \(None, 8, 8, 1\)"):
+        build_vit((8, 8, 1), 10, width=8, heads=2, depth=1, mlp_dim=8, mean=[1.0, 2.0, 3.0], std=[1.0] * 3)
+    model = build_vit((8, 8, 3), 10, width=8, heads=2, depth=1, mlp_dim=8, mean=[1.0, 2.0, 3.0], std=[1.0] * 3)
+    assert model(np.zeros((1, 8, 8, 3), np.float32)).shape == (1, 10)
