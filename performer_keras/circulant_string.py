@@ -38,7 +38,7 @@ class CirculantString(keras.layers.Layer):
         self.initializer_stddev = check_finite("initializer_stddev", initializer_stddev, low=0.0)
 
     def build(self, inputs_shape, positions_shape=None):
-        check_rank("CirculantString", inputs_shape, "(batch, heads, tokens, dim)")
+        check_rank("CirculantString", inputs_shape, "(batch, heads, tokens, dim)", known=("heads", "dim"))
         heads, dim = int(inputs_shape[-3]), int(inputs_shape[-1])
         self.dim = dim
         initializer = keras.initializers.RandomNormal(stddev=self.initializer_stddev / dim**0.5)

@@ -14,7 +14,7 @@ class ClassToken(keras.layers.Layer):
     """
 
     def build(self, inputs_shape):
-        check_rank("ClassToken", inputs_shape, "(batch, tokens, width)")
+        check_rank("ClassToken", inputs_shape, "(batch, tokens, width)", known=("width",))
         self.token = self.add_weight(name="token", shape=(1, 1, int(inputs_shape[-1])), initializer="zeros")
 
     def call(self, inputs):

@@ -29,6 +29,9 @@ class FeatureMap(keras.layers.Layer):
         if keys_shape is not None and keys_shape[-1] != queries_shape[-1]:
             raise ValueError(f"{type(self).__name__} takes queries and keys of one width d, got {queries_shape[-1]} "
                              f"and {keys_shape[-1]}")
+        if queries_shape[-1] is None:
+            raise ValueError(f"{type(self).__name__} needs a known width d of queries and keys to make its weights, "
+                             f"got shape {tuple(queries_shape)}")
         self.dim = int(queries_shape[-1])
 
     def output_dim(self, input_dim):

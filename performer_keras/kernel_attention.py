@@ -346,7 +346,7 @@ class KernelAttention(keras.layers.Layer):
         return normalizes_qk(self.position, self.normalize_qk)
 
     def build(self, inputs_shape):
-        check_rank("KernelAttention", inputs_shape, "(batch, tokens, width)")
+        check_rank("KernelAttention", inputs_shape, "(batch, tokens, width)", known=("width",))
         width, tokens = int(inputs_shape[-1]), inputs_shape[-2]
         if width % self.num_heads:
             raise ValueError(f"width {width} must be divisible by num_heads={self.num_heads}")

@@ -87,14 +87,20 @@ def check_grid_size(argument, value):
         raise ValueError(f"{argument} must be (rows, cols), two integers >= 1, got {value!r}") from None
 
 
-def check_rank(layer, shape, layout):
-    """Raise a ValueError unless `shape` has one entry per name of `layout`, e.g. "(batch, tokens, width)".
+def check_rank(layer, shape, layout, known=()):
+    """Raise a ValueError unless `shape` has one entry per name of `layout`, e.g. "(batch, tokens, width)",
+    and a size for each axis named in `known` (the ones the layer's weights are made from).
 
     Unchecked, a wrong rank fails deep in the layer ("not enough values to
-    unpack", a backend's concat error) instead of naming the input it wants.
+    unpack", a backend's concat error) instead of naming the input it wants,
+    and an unknown size as "int() argument must be ... not 'NoneType'".
     """
-    if len(shape) != layout.count(",") + 1:
+    names = layout.strip("()").split(", ")
+    if len(shape) != len(names):
         raise ValueError(f"{layer} takes {layout} inputs, got shape {tuple(shape)}")
+    for name in known:
+        if shape[names.index(name)] is None:
+            raise ValueError(f"{layer} needs a known {name} to make its weights, got shape {tuple(shape)}")
 
 
 def check_axis(layer, shape, axis, name, expected):

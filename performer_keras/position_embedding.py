@@ -22,7 +22,7 @@ class PositionEmbedding(keras.layers.Layer):
         self.initializer_stddev = check_finite("initializer_stddev", initializer_stddev, low=0.0)
 
     def build(self, inputs_shape):
-        check_rank("PositionEmbedding", inputs_shape, "(batch, tokens, width)")
+        check_rank("PositionEmbedding", inputs_shape, "(batch, tokens, width)", known=("tokens", "width"))
         self.embedding = self.add_weight(
             name="embedding",
             shape=(int(inputs_shape[1]), int(inputs_shape[2])),

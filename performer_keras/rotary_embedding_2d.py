@@ -55,7 +55,7 @@ class RotaryEmbedding2D(keras.layers.Layer):
         self.base = float(check_finite("base", base, low=0.0, low_open=True))
 
     def build(self, inputs_shape, positions_shape=None):
-        check_rank("RotaryEmbedding2D", inputs_shape, "(batch, heads, tokens, dim)")
+        check_rank("RotaryEmbedding2D", inputs_shape, "(batch, heads, tokens, dim)", known=("heads", "dim") if self.mixed else ("dim",))
         dim = int(inputs_shape[-1])
         if dim % 4:
             raise ValueError(

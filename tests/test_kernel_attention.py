@@ -669,6 +669,28 @@ def test_layers_name_the_inputs_they_take_when_given_another_rank(layer, shape, 
             layer()(np.zeros(shape, "float32"))
 
 
+@pytest.mark.parametrize("layer, shape, message", [
+    # Each failed as "int() argument must be a string, a bytes-like object or a real number, not 'NoneType'".
+    (lambda: KernelAttention(2), (None, 5, None), "KernelAttention needs a known width"),
+    (lambda: pk.ClassToken(), (None, 5, None), "ClassToken needs a known width"),
+    (lambda: pk.PositionEmbedding(), (None, None, 8), "PositionEmbedding needs a known tokens"),
+    (lambda: pk.RotaryEmbedding2D(), (None, 2, 5, None), "RotaryEmbedding2D needs a known dim"),
+    (lambda: pk.RotaryEmbedding2D(mixed=True), (None, None, 5, 8), "RotaryEmbedding2D needs a known heads"),
+    (lambda: pk.CirculantString(), (None, None, 5, 8), "CirculantString needs a known heads"),
+    (lambda: pk.FavorFeatures(num_features=4), (None, 2, 5, None), "FavorFeatures needs a known width d"),
+])
+def test_layers_name_the_axis_whose_size_their_weights_need(layer, shape, message):
+    with pytest.raises(ValueError, match=re.escape(f"{message}") + ".*" + re.escape(f"got shape {shape}")):
+        layer().build(shape)
+    # What a caller of the functional API sees, where the axis is left free in keras.Input.
+    if isinstance(layer(), (KernelAttention, pk.ClassToken, pk.PositionEmbedding)):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            layer()(keras.Input(shape[1:]))
+    # The same layers on known sizes: dynamic tokens stay allowed where no weight depends on them.
+    inputs = keras.Input((None, 8))
+    assert tuple(KernelAttention(2, "favor")(inputs).shape) == (None, None, 8)
+
+
 def _value_and_gradients(function, *arrays):
     """function(*arrays) (a scalar) and its gradient with respect to each array, on the current backend."""
     tensors = [keras.ops.convert_to_tensor(a) for a in arrays]
