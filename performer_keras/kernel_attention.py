@@ -10,7 +10,8 @@ from performer_keras.batch_broadcast import over_batch
 from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
 from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZER_BEFORE_OPTION, STABILIZERS,
-                                     check_bool, check_choice, check_finite, check_grid_size, check_non_negative, check_positive, check_rank)
+                                     check_bool, check_choice, check_finite, check_grid_size, check_grid_tokens, check_non_negative,
+                                     check_positive, check_rank)
 from performer_keras.registry import (DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, QK_NORM_BEFORE_OPTION,
                                       compatible, normalizes_qk, positions_of, resolve)
 
@@ -351,13 +352,8 @@ class KernelAttention(keras.layers.Layer):
         if width % self.num_heads:
             raise ValueError(f"width {width} must be divisible by num_heads={self.num_heads}")
         self.head_dim = width // self.num_heads
-        if self.grid_size is not None and tokens is not None:
-            expected = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
-            if tokens != expected:
-                raise ValueError(
-                    f"{tokens} tokens do not match grid_size={self.grid_size} "
-                    f"plus {self.num_prefix_tokens} prefix token(s) ({expected})"
-                )
+        if self.grid_size is not None:
+            check_grid_tokens("KernelAttention", inputs_shape, -2, self.grid_size, self.num_prefix_tokens)
         for name in ("query", "key", "value", "output_dense"):
             dense = keras.layers.Dense(width, name=name, dtype=self.dtype_policy)
             dense.build(inputs_shape)

@@ -114,6 +114,13 @@ def check_axis(layer, shape, axis, name, expected):
         raise ValueError(f"{layer}: {name} must be {expected}, got {int(size)} (shape {tuple(shape)})")
 
 
+def check_grid_tokens(layer, shape, axis, grid_size, num_prefix_tokens):
+    """Raise a ValueError if `shape[axis]` is known and is not the prefix tokens plus the grid's."""
+    height, width = grid_size
+    check_axis(layer, shape, axis, f"the tokens axis ({num_prefix_tokens} prefix + the {height} x {width} grid)",
+               num_prefix_tokens + height * width)
+
+
 def check_positions(layer, inputs_shape, positions_shape):
     """Raise a ValueError unless `positions_shape` is (tokens, 2), tokens those of (..., tokens, dim) inputs."""
     check_rank(f"{layer} positions", positions_shape, "(tokens, 2)")

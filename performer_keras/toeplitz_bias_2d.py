@@ -4,7 +4,7 @@ import numpy as np
 import keras
 from keras import ops
 
-from performer_keras.options import check_axis, check_grid_size, check_non_negative, check_positive, check_rank
+from performer_keras.options import check_axis, check_grid_size, check_grid_tokens, check_non_negative, check_positive, check_rank
 
 
 def _swap_last_axes(x):
@@ -159,10 +159,7 @@ class ToeplitzBias2D(keras.layers.Layer):
     def call(self, values, use_fft=True):
         check_rank("ToeplitzBias2D", values.shape, "(batch, heads, tokens, channels)")
         check_axis("ToeplitzBias2D", values.shape, 1, "the heads axis (num_heads)", self.num_heads)
-        height, width = self.grid_size
-        tokens = self.num_prefix_tokens + height * width
-        check_axis("ToeplitzBias2D", values.shape, 2,
-                   f"the tokens axis ({self.num_prefix_tokens} prefix + the {height} x {width} grid)", tokens)
+        check_grid_tokens("ToeplitzBias2D", values.shape, 2, self.grid_size, self.num_prefix_tokens)
         values = ops.cast(values, "float32")
         if not use_fft:
             return ops.matmul(self.weight_matrix(), values)  # (heads, N, N) @ (batch, heads, N, channels)

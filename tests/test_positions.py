@@ -301,6 +301,16 @@ def test_position_layers_name_the_axis_when_inputs_and_positions_disagree(layer,
             ToeplitzBias2D(GRID, HEADS)(values, use_fft=False)
 
 
+@pytest.mark.parametrize("position", ["absolute", "rope", "kerple"])
+def test_attention_names_the_tokens_axis_when_it_is_not_the_grid_plus_prefix(position):
+    # The same words as ToeplitzBias2D's, from one helper, whichever position the layer has.
+    layer = KernelAttention(num_heads=HEADS, position=position, grid_size=GRID, num_prefix_tokens=1)
+    match = rf"KernelAttention: the tokens axis \(1 prefix \+ the 7 x 7 grid\) must be {PATCHES + 1}, got {PATCHES}"
+    with pytest.raises(ValueError, match=match):
+        layer.build((2, PATCHES, 8 * HEADS))
+    KernelAttention(num_heads=HEADS, position=position, grid_size=GRID, num_prefix_tokens=1).build((2, None, 8 * HEADS))
+
+
 def test_numpy_integers_pass_where_python_integers_do():
     # Sizes computed from array shapes are NumPy integers; the layers take them and store Python ints.
     layer = KernelAttention(num_heads=np.int64(2), position="kerple", grid_size=np.array([2, 3]), num_prefix_tokens=np.int32(1))
