@@ -439,16 +439,38 @@ def _read_folder(root, split_seed):
 
 
 def _decode_image(path):
-    """A Pillow image in mode "L" (grayscale) or "RGB", read whole; DataError naming the file if it is not one."""
+    """A Pillow image in mode "L" (grayscale) or "RGB", read whole; DataError naming the file if it is not one.
+
+    Pillow's convert("L") clips wider pixels at 255 rather than rescaling
+    them, which would turn a 16-bit PNG white wherever it passes 255. So a
+    16-bit image keeps its high byte, as TensorFlow's decode_image (behind
+    keras.utils.image_dataset_from_directory) does, and any other wide pixel
+    (a float or 32-bit image, whatever its file name says) is refused.
+    """
     try:
         with Image.open(path) as image:
             image.load()
-            grey = image.mode in ("1", "L", "I", "I;16", "F") or (image.mode == "P" and _grey_palette(image))
-            converted = image.convert("L" if grey else "RGB")
+            if _is_16_bit(image):
+                converted = Image.fromarray((np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8), "L")
+            elif image.mode in ("I", "F"):
+                pixels = np.asarray(image)
+                raise DataError(f"{path}: a {image.format} image of Pillow mode {image.mode} (pixels from "
+                                f"{pixels.min():g} to {pixels.max():g}), wider than 8 bits; save the images with 8 "
+                                "bits a channel or as 16-bit PNG")
+            else:
+                grey = image.mode in ("1", "L", "LA") or (image.mode == "P" and _grey_palette(image))
+                converted = image.convert("L" if grey else "RGB")
+    except DataError:
+        raise
     except (OSError, UnidentifiedImageError, ValueError) as err:
         raise DataError(f"{path}: not a readable image ({type(err).__name__}: {err})") from None
     converted.filename = str(path)
     return converted
+
+
+def _is_16_bit(image):
+    """Pillow opens a 16-bit grayscale PNG in mode I;16 (older versions: I, 32-bit, which no other PNG uses)."""
+    return image.mode.startswith("I;16") or (image.mode == "I" and image.format == "PNG")
 
 
 def _grey_palette(image):

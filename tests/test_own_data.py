@@ -166,6 +166,21 @@ def test_colour_images_make_every_image_rgb_and_train_py_crops_and_flips(tmp_pat
     assert metrics["test_examples"] == 9 and metrics["per_class"][2]["class"] == "emu"
 
 
+def test_a_16_bit_png_keeps_its_high_byte_as_tensorflows_decoder_does_and_grey_with_alpha_stays_grey(tmp_path):
+    from PIL import Image
+
+    write_folder(tmp_path / "pets", size=(16, 16))
+    deep = np.arange(256, dtype=np.uint16).reshape(16, 16) * 257  # 0 to 65535
+    Image.fromarray(deep).save(tmp_path / "pets" / "train" / "cat" / "0.png")
+    Image.fromarray(np.stack([deep.astype(np.uint8), np.full((16, 16), 9, np.uint8)], -1), "LA").save(
+        tmp_path / "pets" / "train" / "dog" / "0.png")
+    x_train, y_train, *_ = data._read_folder(tmp_path / "pets", 42)
+    assert x_train.shape[-1] == 1
+    # Pillow's own convert("L") would clip: every pixel from 255 up would read 255.
+    np.testing.assert_array_equal(x_train[y_train == 0][0, ..., 0], deep >> 8)
+    np.testing.assert_array_equal(x_train[y_train == 1][0, ..., 0], deep.astype(np.uint8))
+
+
 def test_a_folder_of_class_folders_is_split_with_the_fixed_seed(tmp_path):
     write_folder(tmp_path / "pets", size=(16, 16), splits=())
     first, again = (data._read_folder(tmp_path / "pets", 42) for _ in range(2))
@@ -186,6 +201,10 @@ def _break(root, case):
         for path in (root / "test" / "emu").iterdir():
             path.unlink()
         return "emu"
+    if case == "float pixels":
+        # Pillow reads a file by its content: a TIFF of floats under a .png name opens in mode F.
+        Image.fromarray(np.full((16, 16), 0.5, np.float32)).save(root / "train" / "dog" / "2.png", format="TIFF")
+        return "2.png"
     if case == "sizes differ":
         Image.fromarray(np.zeros((5, 5), np.uint8), "L").save(root / "test" / "cat" / "9.png")
         return "9.png"
@@ -208,8 +227,8 @@ def _break(root, case):
     raise AssertionError(case)
 
 
-@pytest.mark.parametrize("case", ["corrupt image", "empty class folder", "sizes differ", "classes differ",
-                                  "no test folder", "one class"])
+@pytest.mark.parametrize("case", ["corrupt image", "float pixels", "empty class folder", "sizes differ",
+                                  "classes differ", "no test folder", "one class"])
 def test_a_bad_folder_exits_2_with_one_line_naming_the_file(tmp_path, capsys, case):
     write_folder(tmp_path / "pets", size=(16, 16))
     named = _break(tmp_path / "pets", case)
