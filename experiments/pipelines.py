@@ -44,13 +44,17 @@ def train_batches(images, labels, batch_size, seed, kind, start_epoch=0, epochs=
     steps = steps_per_epoch(len(labels), batch_size)
     if not 0 <= start_epoch <= epochs:
         raise ValueError(f"Need 0 <= start_epoch <= epochs, got {start_epoch} and {epochs}")
-    orders = np.array(
-        [epoch_order(seed, epoch, len(labels))[: steps * batch_size] for epoch in range(start_epoch, epochs)],
-        np.int32,
-    ).reshape(epochs - start_epoch, steps, batch_size)
+
+    # Drawn as each epoch starts: orders for every epoch at once would take epochs x N
+    # integers, gigabytes for a large split trained long.
+    def batch_orders(epoch):
+        """Epoch `epoch`'s example indices, one row a step: int32 (steps, batch_size)."""
+        return epoch_order(seed, epoch, len(labels))[: steps * batch_size].reshape(steps, batch_size)
+
+    epoch_range = range(start_epoch, epochs)
     if keras.backend.backend() == "jax":
-        return _jax_train(images, labels, orders, start_epoch, seed, kind)
-    return _tf_train(images, labels, orders, start_epoch, seed, kind)
+        return _jax_train(images, labels, batch_orders, epoch_range, seed, kind)
+    return _tf_train(images, labels, batch_orders, epoch_range, (steps, batch_size), seed, kind)
 
 
 def eval_batches(images, labels, batch_size):
@@ -102,13 +106,19 @@ def _check_arrays(images, labels):
     return labels.astype(np.int32)
 
 
-def _tf_train(images, labels, orders, start_epoch, seed, kind):
+def _tf_train(images, labels, batch_orders, epoch_range, orders_shape, seed, kind):
     import tensorflow as tf
 
-    _, steps, batch_size = orders.shape
+    steps, batch_size = orders_shape
     batch_shape = (batch_size, *images.shape[1:])
     images, labels = tf.constant(images), tf.constant(labels)
-    epoch_of_step = np.repeat(np.arange(start_epoch, start_epoch + len(orders), dtype=np.int32), steps)
+
+    def epoch_steps(epoch):
+        epoch = tf.cast(epoch, tf.int32)
+        # The order is numpy's permutation (`epoch_order`), so the pipeline calls back into
+        # Python for it, once an epoch.
+        orders = tf.numpy_function(lambda e: batch_orders(int(e)), [epoch], tf.int32, stateful=False)
+        return tf.data.Dataset.from_tensor_slices((tf.ensure_shape(orders, orders_shape), tf.fill([steps], epoch)))
 
     def load(index, epoch):
         batch = tf.cast(tf.gather(images, index), tf.float32)
@@ -117,7 +127,8 @@ def _tf_train(images, labels, orders, start_epoch, seed, kind):
         return tf.ensure_shape(batch, batch_shape), tf.gather(labels, index)
 
     return (
-        tf.data.Dataset.from_tensor_slices((orders.reshape(-1, batch_size), epoch_of_step))
+        tf.data.Dataset.range(epoch_range.start, epoch_range.stop)
+        .flat_map(epoch_steps)
         .map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         .prefetch(tf.data.AUTOTUNE)
     )
@@ -151,7 +162,7 @@ def _tf_warp(batch, parameters):
     )
 
 
-def _jax_train(images, labels, orders, start_epoch, seed, kind):
+def _jax_train(images, labels, batch_orders, epoch_range, seed, kind):
     import jax
 
     images, labels = jax.device_put(images), jax.device_put(labels)
@@ -165,10 +176,10 @@ def _jax_train(images, labels, orders, start_epoch, seed, kind):
         return augment.augment(keras.ops.take(images, index, axis=0), index, epoch, seed, kind), labels[index]
 
     def generate():
-        for offset, epoch_orders in enumerate(orders):
-            epoch_orders = jax.device_put(epoch_orders)
+        for epoch in epoch_range:
+            epoch_orders = jax.device_put(batch_orders(epoch))
             for step in range(len(epoch_orders)):
-                yield load(images, labels, epoch_orders, step, start_epoch + offset)
+                yield load(images, labels, epoch_orders, step, epoch)
 
     return generate()
 

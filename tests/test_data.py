@@ -212,6 +212,23 @@ def test_steps_and_batch_counts(small_mnist):
         data.steps_per_epoch(10, 64)
 
 
+def test_an_epoch_s_order_is_drawn_when_the_epoch_starts_not_all_epochs_up_front(small_mnist, monkeypatch):
+    images, labels = small_mnist.train
+    drawn = []
+
+    def counted(seed, epoch, num_examples):
+        drawn.append(epoch)
+        return data.epoch_order(seed, epoch, num_examples)
+
+    monkeypatch.setattr(pipelines, "epoch_order", counted)
+    # Orders for 100,000 epochs up front would be 100,000 permutations before the first batch.
+    batches = iter(pipelines.train_batches(images, labels, 8, seed=0, kind="none", start_epoch=3, epochs=100_000))
+    first = next(batches)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(first[1]), labels[data.epoch_order(0, 3, len(labels))[:8]])
+    # The TensorFlow pipeline prefetches, so it may have begun an epoch or two ahead.
+    assert drawn[0] == 3 and len(drawn) < 10, drawn
+
+
 @pytest.mark.parametrize(
     "name, augment", [("small_mnist", "rotate"), ("small_cifar10", "crop_flip")]
 )
