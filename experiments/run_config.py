@@ -189,8 +189,9 @@ class RunConfig:
         one defaults to softmax or absolute. `--limit all` lifts a limit that the
         --hparams file sets. If `strict`, a flag that the variant ignores
         (`--num-features` for softmax, `--qk-norm` without normalised q and k)
-        is a RunError rather than a silent no-op; a --hparams file may hold any
-        field (a tuner's holds them all).
+        is a RunError rather than a silent no-op, as `--init-from-partial`
+        without `--init-from` always is; a --hparams file may hold any field (a
+        tuner's holds them all).
         """
         variant, attention, position = (getattr(args, name, None) for name in ("variant", "attention", "position"))
         if attention or position:
@@ -206,6 +207,8 @@ class RunConfig:
         if ignored:
             name, readers = next(iter(ignored.items()))
             raise RunError(f"--{name.replace('_', '-')} changes nothing in {config.variant}; it applies to {readers}")
+        if getattr(args, "init_from_partial", None) and config.init_from is None:
+            raise RunError("--init-from-partial changes nothing without --init-from (a checkpoint to start from)")
         # from_sources reads None as "not given", so lifting a file's limit comes after it.
         return dataclasses.replace(config, limit=None) if lift_limit else config
 

@@ -88,6 +88,8 @@ CASES = {
                                   "none.keras: no such file or folder"),
     "train --init-from a folder without best.keras": (train.main, [*TINY, "--init-from", "{tmp}/notes"], "a folder without best.keras"),
     "train --init-from not a model": (train.main, [*TINY, "--init-from", "{tmp}/bogus.keras"], "cannot read --init-from"),
+    "train --init-from-partial without --init-from": (train.main, [*TINY, "--init-from-partial"],
+                                                      "--init-from-partial changes nothing without --init-from"),
     "train --precision float8": (train.main, [*TINY, "--precision", "float8"], "Unknown precision"),
     "train --limit 0": (train.main, [*TINY, "--limit", "0"], "--limit"),
     "train --limit abc": (train.main, [*TINY, "--limit", "abc"], "--limit"),
