@@ -49,7 +49,9 @@ class LoadedModel:
 def load_keras_model(path):
     """A `.keras` file as a `LoadedModel`, predicting through a compiled call."""
     try:
-        model = keras.models.load_model(path, custom_objects=performer_keras.custom_objects())
+        # compile=False: evaluation needs no optimizer, and a mixed_float16 run's loss-scale
+        # optimizer does not load back (Keras warns that it skips its variables).
+        model = keras.models.load_model(path, custom_objects=performer_keras.custom_objects(), compile=False)
     except (ValueError, OSError) as err:
         raise EvaluationError(f"Could not load {path} as a Keras model: {first_line(err)}") from None
     attention = next((layer for layer in model.layers if isinstance(layer, KernelAttention)), None)

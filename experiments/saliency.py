@@ -79,7 +79,7 @@ def plot_saliency(cells, dataset, root, path):
     methods = set()
     panels = []
     for title, checkpoint, _ in checkpoints:
-        model = keras.models.load_model(checkpoint, custom_objects=performer_keras.custom_objects())
+        model = keras.models.load_model(checkpoint, custom_objects=performer_keras.custom_objects(), compile=False)
         maps, method = saliency_maps(model, images, labels)
         methods.add(method)
         panels.append((title, maps))
