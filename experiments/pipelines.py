@@ -129,6 +129,8 @@ def _tf_train(images, labels, batch_orders, epoch_range, orders_shape, seed, kin
     return (
         tf.data.Dataset.range(epoch_range.start, epoch_range.stop)
         .flat_map(epoch_steps)
+        # flat_map cannot know its length; Keras needs it to run an epoch without steps_per_epoch.
+        .apply(tf.data.experimental.assert_cardinality(steps * len(epoch_range)))
         .map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         .prefetch(tf.data.AUTOTUNE)
     )
