@@ -148,8 +148,8 @@ def measure(path, examples, dataset=None, stabilizer=None):
     FloorError if none. `stabilizer` replaces the model's own (None: keep it)."""
     import keras
 
-    import performer_keras
     from experiments.data import load_dataset
+    from experiments.models import load_model_only
     from performer_keras.favor_features import FavorFeatures
     from performer_keras.kernel_attention import KernelAttention
 
@@ -159,7 +159,7 @@ def measure(path, examples, dataset=None, stabilizer=None):
         if not (config and config.is_file()):
             raise FloorError(f"{path}: no run config.json to take the dataset from; give --dataset")
         dataset = json.loads(config.read_text())["dataset"]
-    model = keras.models.load_model(model_file, custom_objects=performer_keras.custom_objects(), compile=False)
+    model = load_model_only(model_file)
     if weights_file is not None:
         model.load_weights(weights_file)
     layers = [layer for layer in model.layers

@@ -46,12 +46,19 @@ class LoadedModel:
     position: str | None = None
 
 
+def load_model_only(path):
+    """The Keras model of a `.keras` file without its optimizer, for every use but training on.
+
+    A mixed_float16 run's loss-scale optimizer does not load back (Keras warns
+    that it skips its variables), and nothing but training needs one.
+    """
+    return keras.models.load_model(path, custom_objects=performer_keras.custom_objects(), compile=False)
+
+
 def load_keras_model(path):
     """A `.keras` file as a `LoadedModel`, predicting through a compiled call."""
     try:
-        # compile=False: evaluation needs no optimizer, and a mixed_float16 run's loss-scale
-        # optimizer does not load back (Keras warns that it skips its variables).
-        model = keras.models.load_model(path, custom_objects=performer_keras.custom_objects(), compile=False)
+        model = load_model_only(path)
     except (ValueError, OSError) as err:
         raise EvaluationError(f"Could not load {path} as a Keras model: {first_line(err)}") from None
     attention = next((layer for layer in model.layers if isinstance(layer, KernelAttention)), None)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-import performer_keras
 from experiments import atomic
 from experiments.figures import new_figure
 
@@ -71,6 +70,7 @@ def plot_saliency(cells, dataset, root, path):
         return False, ("not drawn: no best.keras checkpoint (checkpoints are not committed; "
                        "run the benchmark command above to remake them)")
     from experiments.data import load_dataset
+    from experiments.models import load_model_only
 
     splits = load_dataset(dataset, limit=checkpoints[0][2].get("limit"))
     images, labels = splits.test[0][:SALIENCY_IMAGES], splits.test[1][:SALIENCY_IMAGES]
@@ -79,7 +79,7 @@ def plot_saliency(cells, dataset, root, path):
     methods = set()
     panels = []
     for title, checkpoint, _ in checkpoints:
-        model = keras.models.load_model(checkpoint, custom_objects=performer_keras.custom_objects(), compile=False)
+        model = load_model_only(checkpoint)
         maps, method = saliency_maps(model, images, labels)
         methods.add(method)
         panels.append((title, maps))

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import keras
 
-import performer_keras
 from experiments import checkpoints, data, event_logs, history, pipelines
 from experiments.atomic import write_json
 from experiments.metrics import read_metrics
+from experiments.models import load_model_only
 from performer_keras.registry import create_model, model_config
 from performer_keras.smoothed_sparse_crossentropy import SmoothedSparseCrossentropy
 from experiments.run_config import RunError
@@ -179,7 +179,7 @@ def load_checkpoint(checkpoint):
                            "(give a run folder or a .keras file)")
         checkpoint = Path(checkpoint) / "best.keras"
     try:
-        return keras.models.load_model(checkpoint, custom_objects=performer_keras.custom_objects(), compile=False)
+        return load_model_only(checkpoint)
     except Exception as error:  # any unreadable file is a user error
         raise RunError(f"cannot read --init-from checkpoint {checkpoint}: {type(error).__name__}: {error}".splitlines()[0]) from None
 
@@ -334,8 +334,7 @@ def train(config, out_dir, verbose="auto", export_dir=None, distribute="none"):
     if export_dir is not None:
         from experiments.export import export_saved_model
 
-        best = keras.models.load_model(out_dir / "best.keras", custom_objects=performer_keras.custom_objects(),
-                                       compile=False)
+        best = load_model_only(out_dir / "best.keras")
         export_saved_model(best, export_dir)
         # Last, so a killed export is not taken for a finished one of this run.
         write_json(Path(export_dir) / EXPORT_RECORD, {"run": str(out_dir.resolve())})
