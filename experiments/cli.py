@@ -25,6 +25,7 @@ import sys
 import tempfile
 
 from experiments import huge_pages
+from performer_keras.options import MAX_SEED
 
 # Must be set before TensorFlow is first imported: its C++ start-up log is
 # several lines on stderr, and the one-line promise above covers them.
@@ -54,10 +55,6 @@ def positive_int(text):
 def non_negative_int(text):
     """argparse type: an integer >= 0."""
     return _int_at_least(text, 0)
-
-
-# keras.utils.set_random_seed, and numpy's generators under it, take seeds below 2**32.
-MAX_SEED = 2**32 - 1
 
 
 def seed_arg(text):

@@ -3,9 +3,8 @@
 import dataclasses
 import json
 
-from experiments.cli import MAX_SEED
 from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZER_BEFORE_OPTION, STABILIZERS,
-                                     check_bool, check_choice, check_finite, check_fraction, check_non_negative, check_positive)
+                                     check_bool, check_choice, check_finite, check_fraction, check_non_negative, check_positive, check_seed)
 from performer_keras.registry import (DEFAULT_QK_NORM, QK_NORM_BEFORE_OPTION, SIZES, ignored_options, list_variants,
                                       model_config, normalizes_qk, parse_variant)
 
@@ -95,8 +94,7 @@ class RunConfig:
             check_fraction("label_smoothing", self.label_smoothing)
             check_finite("qk_norm", self.qk_norm, low=0.0, low_open=True)
             check_non_negative("redraw_interval", self.redraw_interval)
-            if check_non_negative("seed", self.seed) > MAX_SEED:
-                raise ValueError(f"seed must be at most {MAX_SEED}, got {self.seed!r}")
+            check_seed("seed", self.seed)
             for name in ("jit_compile", "normalize_qk"):
                 check_bool(name, getattr(self, name), allow_none=True)
             for name in ("absolute_position", "orthogonal", "deterministic", "rope_mixed", "limit_test", "init_from_partial",

@@ -11,7 +11,7 @@ from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
 from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZER_BEFORE_OPTION, STABILIZERS,
                                      check_bool, check_choice, check_finite, check_grid_size, check_grid_tokens, check_non_negative,
-                                     check_positive, check_rank)
+                                     check_positive, check_rank, check_seed)
 from performer_keras.registry import (DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, QK_NORM_BEFORE_OPTION,
                                       compatible, normalizes_qk, positions_of, resolve)
 
@@ -289,7 +289,7 @@ class KernelAttention(keras.layers.Layer):
         self.learn_qk_norm = check_bool("learn_qk_norm", learn_qk_norm)
         self.linformer_dim = check_positive("linformer_dim", linformer_dim)
         self.fused = check_bool("fused", fused)
-        self.seed = seed
+        self.seed = check_seed("seed", seed, allow_none=True)
         self.toeplitz_path = check_choice("toeplitz_path", toeplitz_path, TOEPLITZ_PATHS)
         self.stabilizer = check_choice("stabilizer", stabilizer, STABILIZERS)
         self._validate()

@@ -16,11 +16,19 @@ ROTATION_ORDERS = ("before", "after")
 STABILIZERS = ("logits", "exponent")
 DEFAULT_STABILIZER = "exponent"
 STABILIZER_BEFORE_OPTION = "logits"
+# A seed every backend takes: keras.random.SeedGenerator keeps it as uint32 on JAX (int64 on
+# TensorFlow, so a layer saved there with seed -1 or 2**32 would not load on JAX), and the numpy
+# generators under keras.utils.set_random_seed take seeds below 2**32.
+MAX_SEED = 2**32 - 1
 
 
 def check_choice(argument, value, choices):
     """Return `value` if it is one of `choices`, else raise a ValueError naming both."""
-    if value not in choices:
+    try:
+        known = value in choices
+    except TypeError:  # a list or a dict is no name, and `in` a dict of names would raise "unhashable type"
+        known = False
+    if not known:
         raise ValueError(
             f"Unknown {argument} {value!r}; expected one of {tuple(choices)}"
         )
@@ -38,15 +46,55 @@ def check_non_negative(argument, value):
 
 
 def _integer_at_least(argument, value, low):
-    # operator.index takes Python and NumPy integers (shape arithmetic gives the latter) and refuses floats,
-    # which int() would cut (2.5 heads to 2) without a word; True is an int to Python, not a count.
-    try:
-        integer = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        integer = None
+    integer = _as_integer(value)
     if integer is None or integer < low:
         raise ValueError(f"{argument} must be an integer >= {low}, got {value!r}")
     return integer
+
+
+def _as_integer(value):
+    """`value` as an int if it is a Python or NumPy integer, else None.
+
+    operator.index takes Python and NumPy integers (shape arithmetic gives the
+    latter) and refuses floats, which int() would cut (2.5 heads to 2) without a
+    word; True is an int to Python, not a count.
+    """
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def check_seed(argument, value, allow_none=False):
+    """Return `value` as an int if it is an integer from 0 to MAX_SEED (NumPy's too; None too if `allow_none`), else raise a ValueError.
+
+    Keras' own check refuses a NumPy integer with "must be an integer. Received: seed=3",
+    and takes -1 or 2**40 on TensorFlow only.
+    """
+    if value is None and allow_none:
+        return None
+    integer = _as_integer(value)
+    if integer is None or not 0 <= integer <= MAX_SEED:
+        raise ValueError(f"{argument} must be {'None or ' if allow_none else ''}an integer from 0 to {MAX_SEED}, got {value!r}")
+    return integer
+
+
+def check_per_channel(argument, value):
+    """Return `value` as a list of floats if it is a non-empty list, tuple or 1-D array of finite numbers, else raise a ValueError.
+
+    Reading it item by item with float() took the string "12" as two channels, 1 and 2.
+    """
+    try:
+        array = None if isinstance(value, (str, bytes)) else np.asarray(value)
+    except ValueError:  # a ragged list
+        array = None
+    if array is None or array.ndim != 1 or not array.size \
+            or not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)) \
+            or not np.isfinite(array).all():
+        raise ValueError(f"{argument} must be a list of finite numbers, one per channel, got {value!r}")
+    return [float(v) for v in array]
 
 
 def check_bool(argument, value, allow_none=False):

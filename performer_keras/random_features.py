@@ -16,7 +16,7 @@ import keras
 from keras import ops
 
 from performer_keras.feature_map import FeatureMap
-from performer_keras.options import check_bool, check_non_negative, check_positive
+from performer_keras.options import check_bool, check_non_negative, check_positive, check_seed
 
 
 def draw_projection(num_features, dim, orthogonal, seed):
@@ -68,8 +68,8 @@ class RandomFeatures(FeatureMap):
         self.num_features = check_positive("num_features", num_features)
         self.orthogonal = check_bool("orthogonal", orthogonal)
         self.redraw_interval = check_non_negative("redraw_interval", redraw_interval)
-        self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed, name="seed_generator")
+        self.seed = check_seed("seed", seed, allow_none=True)
+        self.seed_generator = keras.random.SeedGenerator(self.seed, name="seed_generator")
 
     def draw(self):
         """A fresh projection from the layer's seed generator."""

@@ -1,9 +1,9 @@
 """Per-channel standardisation of pixels, as the model's first layer."""
 
-import math
-
 import keras
 from keras import ops
+
+from performer_keras.options import check_per_channel
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -22,10 +22,9 @@ class Standardize(keras.layers.Layer):
 
     def __init__(self, mean, std, **kwargs):
         super().__init__(**kwargs)
-        self.mean, self.std = [float(m) for m in mean], [float(s) for s in std]
-        if len(self.mean) != len(self.std) or not all(math.isfinite(v) for v in self.mean + self.std) \
-                or any(s <= 0 for s in self.std):
-            raise ValueError(f"mean and std need one finite value per channel and std > 0, got {mean} and {std}")
+        self.mean, self.std = check_per_channel("mean", mean), check_per_channel("std", std)
+        if len(self.mean) != len(self.std) or any(s <= 0 for s in self.std):
+            raise ValueError(f"mean and std need one value per channel each and std > 0, got {mean} and {std}")
 
     def _check_channels(self, images_shape):
         if images_shape[-1] != len(self.mean):

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from performer_keras.options import check_fraction
+from performer_keras.options import check_fraction, check_seed
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -34,8 +34,8 @@ class StepDropout(keras.layers.Layer):
     def __init__(self, rate, seed=None, **kwargs):
         super().__init__(**kwargs)
         self.rate = check_fraction("rate", rate)
-        self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed, name="seed_generator")
+        self.seed = check_seed("seed", seed, allow_none=True)
+        self.seed_generator = keras.random.SeedGenerator(self.seed, name="seed_generator")
         self.supports_masking = True
 
     def build(self, input_shape):

@@ -62,8 +62,8 @@ def build_vit(
     if height % patch_size or img_width % patch_size:
         raise ValueError(f"image size {height}x{img_width} is not divisible by patch_size={patch_size}")
     grid = (height // patch_size, img_width // patch_size)
-    mean = [0.0] * channels if mean is None else list(mean)
-    std = [255.0] * channels if std is None else list(std)
+    mean = [0.0] * channels if mean is None else mean
+    std = [255.0] * channels if std is None else std
 
     # === Layers and functional model ===
     images = keras.Input(shape=tuple(image_shape), name="images")

@@ -47,6 +47,17 @@ def test_layer_contract(layer_cls, kwargs, m, num_non_trainable, tmp_path):
 # === The random projection. ===
 
 
+@pytest.mark.parametrize("layer_cls", [FavorFeatures, ReluFeatures])
+def test_a_numpy_seed_draws_as_the_same_python_seed_and_a_seed_one_backend_cannot_take_is_refused(layer_cls):
+    # Keras refused np.int64(3) ("must be an integer. Received: seed=3") and took -1 on TensorFlow only.
+    inputs = (QK, QK)
+    numpy_seeded, python_seeded = layer_cls(num_features=8, seed=np.int64(3)), layer_cls(num_features=8, seed=3)
+    np.testing.assert_array_equal(to_numpy(numpy_seeded(*inputs)[0]), to_numpy(python_seeded(*inputs)[0]))
+    assert type(numpy_seeded.get_config()["seed"]) is int
+    with pytest.raises(ValueError, match=r"seed must be None or an integer from 0 to 4294967295, got -1"):
+        layer_cls(seed=-1)
+
+
 @pytest.mark.parametrize("layer_cls", [ExpFeatures, FavorFeatures, ReluFeatures])
 @pytest.mark.parametrize("epsilon", [-1e-3, float("nan")])
 def test_a_negative_or_non_finite_epsilon_is_refused(layer_cls, epsilon):

@@ -213,6 +213,15 @@ def test_kerple_bias_is_toeplitz():
         pytest.param(dict(rope_mixed="yes"), r"rope_mixed must be True or False, got 'yes'", id="rope-mixed-str"),
         pytest.param(dict(learn_qk_norm=None), r"learn_qk_norm must be True or False, got None", id="learn-norm-none"),
         pytest.param(dict(fused=1), r"fused must be True or False, got 1", id="fused-int"),
+        # "unhashable type: 'list'" from the registry's dict.
+        pytest.param(dict(kernel_name=["favor"]), r"Unknown kernel \['favor'\]; expected one of", id="kernel-list"),
+        # Accepted, then refused by Keras only when built; -1 and 2**32 built on TensorFlow, and a model saved
+        # with them failed to load on JAX ("Python integer -1 out of bounds for uint32").
+        pytest.param(dict(kernel_name="favor", seed=2.5), r"seed must be None or an integer from 0 to 4294967295, got 2.5",
+                     id="seed-float"),
+        pytest.param(dict(kernel_name="favor", seed=-1), r"seed must be None or an integer from 0 to 4294967295, got -1",
+                     id="seed-negative"),
+        pytest.param(dict(kernel_name="favor", seed=2**32), r"seed must be None .* got 4294967296", id="seed-too-large"),
         pytest.param(
             dict(kernel_name="linformer", position="kerple", grid_size=GRID),
             r"kernel 'linformer'.*position one of \('absolute', 'rope', 'string'\)",

@@ -23,7 +23,7 @@ def test_matches_numpy_and_round_trips_its_config():
 def test_refuses_mismatched_channels_and_zero_std():
     with pytest.raises(ValueError, match="std > 0"):
         Standardize([0.0], [0.0])
-    with pytest.raises(ValueError, match="one finite value per channel"):
+    with pytest.raises(ValueError, match="one value per channel each"):
         Standardize([0.0, 1.0], [1.0])
     with pytest.raises(ValueError, match="finite"):
         Standardize([0.0], [float("nan")])
@@ -31,6 +31,19 @@ def test_refuses_mismatched_channels_and_zero_std():
         Standardize([float("inf")], [1.0])
     with pytest.raises(ValueError, match="3 channels"):
         Standardize([0.0] * 3, [1.0] * 3)(np.zeros((1, 2, 2, 1), np.float32))
+
+
+@pytest.mark.parametrize("mean", ["12", 33.3, [None], ["a"], [[1.0]], []])
+def test_refuses_statistics_that_are_not_a_list_of_numbers(mean):
+    # Read item by item with float(), the string "12" was two channels, 1 and 2; a bare number ended in
+    # "'float' object is not iterable", None in a float() TypeError.
+    with pytest.raises(ValueError, match=r"mean must be a list of finite numbers, one per channel, got "):
+        Standardize(mean, [1.0])
+
+
+def test_takes_numpy_statistics_and_keeps_plain_floats_in_its_config():
+    layer = Standardize(np.array([33.3], np.float32), (np.float64(78.6),))
+    assert layer.get_config()["mean"] == [pytest.approx(33.3)] and type(layer.get_config()["std"][0]) is float
 
 
 def test_a_model_whose_statistics_have_other_channels_than_its_images_is_refused_when_built():

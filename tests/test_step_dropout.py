@@ -53,6 +53,12 @@ def test_refuses_a_rate_outside_0_to_1(rate):
         StepDropout(rate)
 
 
+@pytest.mark.parametrize("seed", [-1, 2**32, 0.5, "1"])
+def test_refuses_a_seed_not_every_backend_takes(seed):
+    with pytest.raises(ValueError, match=r"seed must be None or an integer from 0 to 4294967295"):
+        StepDropout(RATE, seed=seed)
+
+
 def test_a_vit_with_dropout_predicts_as_the_same_weights_without_it():
     keras.utils.set_random_seed(0)
     plain = pk.create_model("favor-rope", size="tiny")
