@@ -7,13 +7,12 @@ import keras
 from keras import ops
 
 from performer_keras.batch_broadcast import over_batch
-from performer_keras.feature_map import FeatureMap
 from performer_keras.grid import grid_positions
 from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZER_BEFORE_OPTION, STABILIZERS,
                                      check_bool, check_choice, check_finite, check_grid_size, check_grid_tokens, check_non_negative,
                                      check_positive, check_rank, check_seed)
 from performer_keras.registry import (DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, QK_NORM_BEFORE_OPTION,
-                                      compatible, normalizes_qk, positions_of, resolve)
+                                      compatible, feature_map, normalizes_qk, positions_of, resolve)
 
 
 def split_heads(x, num_heads):
@@ -390,9 +389,7 @@ class KernelAttention(keras.layers.Layer):
             self.toeplitz.build()
 
     def _make_features(self):
-        features = resolve(self.spec.features)
-        if not (isinstance(features, type) and issubclass(features, FeatureMap)):
-            raise ValueError(f"kernel {self.kernel_name!r}: features must be a FeatureMap subclass, got {features!r}")
+        features = feature_map(self.kernel_name, self.spec)
         options = {name: getattr(self, name) for name in self.spec.options}
         return features(name="features", dtype=self.dtype_policy, autocast=False, **options)
 

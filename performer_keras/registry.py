@@ -11,6 +11,7 @@ new linear kernel is one `FeatureMap` file plus one `register_kernel` call
 
 import dataclasses
 import importlib
+import inspect
 
 from performer_keras.options import ROTATION_ORDERS, check_bool, check_choice
 
@@ -43,6 +44,21 @@ class Kernel:
     main: bool = False
     colour: str = "black"
     pairwise: bool = True
+
+    def __post_init__(self):
+        for flag in ("random", "main", "pairwise"):
+            check_bool(flag, getattr(self, flag))
+        for names in ("options", "searched"):
+            value = getattr(self, names)
+            # A bare string would be read letter by letter ("'KernelAttention' object has no attribute 'n'").
+            if not isinstance(value, tuple) or not all(isinstance(name, str) for name in value):
+                raise ValueError(f"Kernel {names} must be a tuple of option names, got {value!r}")
+        if self.features is None and (self.options or self.random):
+            raise ValueError("Kernel options and random=True describe a feature map: give features= too")
+        if not set(self.searched) <= set(self.options):
+            raise ValueError(f"Kernel searched={self.searched} must be among its options={self.options}: "
+                             "the tuner searches what the feature map takes")
+        check_choice("rotation_order", self.rotation_order, ROTATION_ORDERS)
 
     @property
     def linear(self):
@@ -128,18 +144,39 @@ def register_kernel(name, kernel):
     """Add a kernel to `KERNEL_TABLE`: from then on `f"{name}-rope"` is a variant like any other.
 
     Args:
-        name: the kernel's short name (no "-", not taken).
+        name: the kernel's short name (letters, digits and "_"; not taken).
         kernel: a `Kernel`, for a linear kernel with `features=` its
             `FeatureMap` subclass.
     """
-    if not isinstance(name, str) or not name or "-" in name:
-        raise ValueError(f"a kernel name is a non-empty string without '-', got {name!r}")
+    # The name becomes part of model, layer and folder names ("vit_elu_rope", runs/mnist/elu-rope).
+    if not isinstance(name, str) or not (name.isascii() and name.isidentifier()):
+        raise ValueError(f"a kernel name is letters, digits and '_' (without '-', which joins it to a position), got {name!r}")
     if name in KERNEL_TABLE:
         raise ValueError(f"kernel {name!r} exists; expected a new name, not one of {tuple(KERNELS)}")
     if not isinstance(kernel, Kernel):
         raise ValueError(f"register_kernel takes a Kernel, got {type(kernel).__name__}")
-    check_choice("rotation_order", kernel.rotation_order, ROTATION_ORDERS)
+    if kernel.linear:
+        feature_map(name, kernel)
     KERNEL_TABLE[name] = kernel
+
+
+def feature_map(name, kernel):
+    """The `FeatureMap` subclass of linear kernel `name`, checked: each of its options is an argument of it and of
+    `KernelAttention`, which passes the layer's value on. Imports Keras."""
+    from performer_keras.feature_map import FeatureMap
+    from performer_keras.kernel_attention import KernelAttention
+
+    try:
+        features = resolve(kernel.features)
+    except (ImportError, AttributeError):
+        raise ValueError(f"kernel {name!r}: features {kernel.features!r} names no class of performer_keras") from None
+    if not (isinstance(features, type) and issubclass(features, FeatureMap)):
+        raise ValueError(f"kernel {name!r}: features must be a FeatureMap subclass, got {features!r}")
+    for owner in (features, KernelAttention):
+        unknown = [option for option in kernel.options if option not in inspect.signature(owner.__init__).parameters]
+        if unknown:
+            raise ValueError(f"kernel {name!r}: options {unknown} are not arguments of {owner.__name__}")
+    return features
 
 
 def resolve(reference):

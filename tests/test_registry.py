@@ -92,20 +92,45 @@ def test_a_registered_feature_map_computes_the_brute_force_attention(elu_kernel)
 @pytest.mark.parametrize(
     "name, kernel, message",
     [
-        ("favor", Kernel(features=EluFeatures), "exists"),
-        ("elu-2", Kernel(features=EluFeatures), "without '-'"),
-        ("elu", dict(features=EluFeatures), "takes a Kernel"),
-        ("elu", Kernel(features=EluFeatures, rotation_order="sideways"), "Unknown rotation_order"),
+        ("favor", lambda: Kernel(features=EluFeatures), "exists"),
+        ("elu-2", lambda: Kernel(features=EluFeatures), "without '-'"),
+        # Each of these was taken, then failed when a model was built: Keras refused "/" in the model's name, a
+        # feature map that was no FeatureMap, an unknown "module:Class" and unknown options with their own errors.
+        ("e/lu", lambda: Kernel(features=EluFeatures), r"letters, digits and '_'.*got 'e/lu'"),
+        ("elu", lambda: dict(features=EluFeatures), "takes a Kernel"),
+        ("elu", lambda: Kernel(features=dict), r"kernel 'elu': features must be a FeatureMap subclass, got <class 'dict'>"),
+        ("elu", lambda: Kernel(features="nope:Nope"), r"kernel 'elu': features 'nope:Nope' names no class of performer_keras"),
+        ("elu", lambda: Kernel(features=EluFeatures, options=("temperature",)),
+         r"kernel 'elu': options \['temperature'\] are not arguments of EluFeatures"),
+        ("favor2", lambda: Kernel(features="favor_features:FavorFeatures", options=("epsilon",)),
+         r"kernel 'favor2': options \['epsilon'\] are not arguments of KernelAttention"),
     ],
 )
 def test_register_kernel_refuses_what_would_break_the_table(name, kernel, message):
     with pytest.raises(ValueError, match=message):
-        register_kernel(name, kernel)
-    assert "elu" not in KERNEL_TABLE
+        register_kernel(name, kernel())
+    assert {"elu", "e/lu", "favor2"}.isdisjoint(KERNEL_TABLE)
 
 
-def test_a_kernel_whose_features_are_not_a_feature_map_is_refused_when_built():
-    register_kernel("bogus", Kernel(features=dict))
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(features=EluFeatures, rotation_order="sideways"), "Unknown rotation_order"),
+        # Read letter by letter: "'KernelAttention' object has no attribute 'n'" when built.
+        (dict(features=EluFeatures, options="num_features"), r"Kernel options must be a tuple of option names, got 'num_features'"),
+        # The tuner failed with a KeyError on an option the feature map does not take.
+        (dict(features=EluFeatures, searched=("num_features",)), r"searched=\('num_features',\) must be among its options=\(\)"),
+        (dict(random=True), "give features= too"),
+        (dict(features=EluFeatures, main="yes"), "main must be True or False, got 'yes'"),
+    ],
+)
+def test_a_kernel_entry_that_contradicts_itself_is_refused_when_made(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Kernel(**fields)
+
+
+def test_a_table_entry_whose_features_are_not_a_feature_map_is_refused_when_built():
+    KERNEL_TABLE["bogus"] = Kernel(features=dict)  # as a library kernel is added: an entry, not register_kernel
     try:
         with pytest.raises(ValueError, match="FeatureMap subclass"):
             pk.KernelAttention(2, "bogus")(np.zeros((1, 4, 8), "float32"))

@@ -290,6 +290,17 @@ def test_each_kernel_searches_only_what_it_uses():
     assert space["num_features"] == Choice((16, 32, 64, 128, 256))
 
 
+def test_a_registered_kernel_that_searches_an_option_without_a_range_is_told_in_one_line():
+    from performer_keras.registry import KERNEL_TABLE, Kernel, register_kernel
+
+    register_kernel("favor2", Kernel("favor_features:FavorFeatures", ("num_features", "stabilizer"), searched=("stabilizer",)))
+    try:  # a KeyError: 'stabilizer'
+        with pytest.raises(search_spaces.SearchError, match=r"kernel 'favor2' searches \['stabilizer'\], which have no range"):
+            search_spaces.space_for(RunConfig(variant="favor2-rope"))
+    finally:
+        del KERNEL_TABLE["favor2"]
+
+
 def test_every_variant_searches_regularisation_only_when_asked():
     overrides = search_spaces.parse_overrides(["dropout=0:0.3", "label_smoothing=0,0.1"])
     assert overrides == {"dropout": Range(0.0, 0.3, "linear"), "label_smoothing": Choice((0.0, 0.1))}

@@ -113,7 +113,12 @@ ON_REQUEST = ("dropout", "label_smoothing")
 
 def kernel_space(kernel):
     """The default space of `kernel`: the optimizer, plus the kernel options its table entry searches."""
-    return {**OPTIMIZER, **{name: KERNEL_OPTIONS[name] for name in KERNEL_TABLE[kernel].searched}}
+    searched = KERNEL_TABLE[kernel].searched
+    unranged = [name for name in searched if name not in KERNEL_OPTIONS]
+    if unranged:  # a registered kernel may search any of its options; a KeyError named neither kernel nor table
+        raise SearchError(f"kernel {kernel!r} searches {unranged}, which have no range in tuning.search_spaces.KERNEL_OPTIONS "
+                         f"{tuple(KERNEL_OPTIONS)}; add one there")
+    return {**OPTIMIZER, **{name: KERNEL_OPTIONS[name] for name in searched}}
 
 
 def _is_fraction(value):
