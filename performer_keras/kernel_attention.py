@@ -9,7 +9,7 @@ from keras import ops
 from performer_keras.batch_broadcast import over_batch
 from performer_keras.grid import grid_positions
 from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZER_BEFORE_OPTION, STABILIZERS,
-                                     check_bool, check_choice, check_finite, check_grid_size, check_grid_tokens, check_non_negative,
+                                     check_axis, check_bool, check_choice, check_finite, check_grid_size, check_grid_tokens, check_non_negative,
                                      check_positive, check_rank, check_seed)
 from performer_keras.registry import (DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, QK_NORM_BEFORE_OPTION,
                                       compatible, feature_map, normalizes_qk, positions_of, resolve)
@@ -393,6 +393,22 @@ class KernelAttention(keras.layers.Layer):
         options = {name: getattr(self, name) for name in self.spec.options}
         return features(name="features", dtype=self.dtype_policy, autocast=False, **options)
 
+    def _features(self, q, k, training):
+        """(phi(q), phi(k)), held to the `FeatureMap` contract: a registered map that returned one tensor failed
+        to unpack, other widths than its `output_dim` trained with wrong shapes and FLOP counts, float16 features
+        failed in a backend's matmul."""
+        outputs = self.features(q, k, training=training)
+        owner = type(self.features).__name__
+        if not (isinstance(outputs, (tuple, list)) and len(outputs) == 2):
+            raise ValueError(f"{owner}.call must return (phi(queries), phi(keys)), got {type(outputs).__name__}")
+        for which, x in zip(("queries", "keys"), outputs):
+            dtype = keras.backend.standardize_dtype(x.dtype)
+            if dtype != "float32":
+                raise ValueError(f"{owner} must return float32 features, got {dtype} for the {which}")
+            check_rank(f"{owner}'s phi({which})", x.shape, "(batch, heads, tokens, features)")
+            check_axis(f"{owner}'s phi({which})", x.shape, -1, "the features axis (its output_dim)", self.features.feature_dim)
+        return outputs
+
     def rotate(self, x, positions):
         """Rotate the grid tokens of (batch, heads, N, dim); prefix tokens stay."""
         p = self.num_prefix_tokens
@@ -460,7 +476,7 @@ class KernelAttention(keras.layers.Layer):
         return softmax_attend(q, ops.transpose(k, (0, 1, 3, 2)), v)  # (batch, heads, N, d)
 
     def _linear(self, q, k, v, positions, training):
-        phi_q, phi_k = self.features(q, k, training=training)  # (batch, heads, N, m) float32
+        phi_q, phi_k = self._features(q, k, training)  # (batch, heads, N, m) float32
         v = ops.cast(v, "float32")
         if self.position_spec.kind == "bias":
             return self._linear_toeplitz(phi_q, phi_k, v)

@@ -129,6 +129,37 @@ def test_a_kernel_entry_that_contradicts_itself_is_refused_when_made(fields, mes
         Kernel(**fields)
 
 
+class _WideFeatures(EluFeatures):
+    def call(self, queries, keys, training=None):  # 2d features where output_dim says d
+        return tuple(ops.concatenate([x, x], axis=-1) for x in super().call(queries, keys))
+
+
+class _OneFeatures(EluFeatures):
+    def call(self, queries, keys, training=None):
+        return super().call(queries, keys)[0]
+
+
+class _HalfFeatures(EluFeatures):
+    def call(self, queries, keys, training=None):
+        return tuple(ops.cast(x, "float16") for x in super().call(queries, keys))
+
+
+@pytest.mark.parametrize("features, message", [
+    # Trained without a word, with shapes and FLOP counts that its output_dim contradicts.
+    (_WideFeatures, r"_WideFeatures's phi\(queries\): the features axis \(its output_dim\) must be 8, got 16"),
+    (_OneFeatures, r"_OneFeatures.call must return \(phi\(queries\), phi\(keys\)\), got "),  # "too many values to unpack"
+    (_HalfFeatures, r"_HalfFeatures must return float32 features, got float16 for the queries"),  # a backend's matmul error
+])
+@pytest.mark.parametrize("position", ["absolute", "kerple"])
+def test_a_feature_map_that_breaks_its_contract_is_named_at_the_first_call(features, message, position):
+    register_kernel("broken", Kernel(features=features))
+    try:
+        with pytest.raises(ValueError, match=message):
+            pk.create_model(f"broken-{position}", size="tiny")(np.zeros((1, 28, 28, 1), "float32"))
+    finally:
+        del KERNEL_TABLE["broken"]
+
+
 def test_a_table_entry_whose_features_are_not_a_feature_map_is_refused_when_built():
     KERNEL_TABLE["bogus"] = Kernel(features=dict)  # as a library kernel is added: an entry, not register_kernel
     try:
