@@ -10,6 +10,11 @@ from performer_keras.standardize import Standardize
 from performer_keras.step_dropout import StepDropout
 
 
+# The `KernelAttention` arguments that `build_vit` derives, and from what.
+_DERIVED_OPTIONS = {"num_heads": "heads", "kernel_name": "attention", "kernel": "attention",
+                    "grid_size": "image_shape and patch_size", "num_prefix_tokens": "the one class token"}
+
+
 def build_vit(
     image_shape,
     num_classes,
@@ -53,6 +58,11 @@ def build_vit(
         height, img_width, channels = (check_positive("image_shape", side) for side in image_shape)
     except (TypeError, ValueError):
         raise ValueError(f"image_shape must be (height, width, channels), three integers >= 1, got {image_shape!r}") from None
+    # Given again, Python's "got multiple values for argument" named neither the ViT's own argument nor why;
+    # `kernel`, the old name of kernel_name, would have replaced `attention` with a DeprecationWarning.
+    derived = [f"{option} (from {source})" for option, source in _DERIVED_OPTIONS.items() if option in kernel_options]
+    if derived:
+        raise ValueError(f"build_vit sets {', '.join(derived)} of every KernelAttention itself; leave it out of the kernel options")
     for argument, value in dict(patch_size=patch_size, width=width, depth=depth, mlp_dim=mlp_dim).items():
         check_positive(argument, value)
     check_fraction("dropout", dropout)  # here, or StepDropout's error would name its own argument, "rate"

@@ -213,9 +213,15 @@ def test_model_config_refuses_heads_that_do_not_divide_the_width():
         (dict(absolute_position="no"), "absolute_position must be True or False, got 'no'"),  # truthy to bool()
         (dict(dropout=1.5), "dropout must be < 1, got 1.5"),
         (dict(dropout="0.1"), "dropout must be a finite number, got '0.1'"),
+        # Python's "got multiple values for argument 'num_heads'" (a TypeError) named neither `heads` nor why;
+        # `kernel` replaced `attention` with a DeprecationWarning.
+        (dict(num_heads=4), r"build_vit sets num_heads \(from heads\) of every KernelAttention itself"),
+        (dict(grid_size=(3, 3), kernel="favor"), r"sets kernel \(from attention\), grid_size \(from image_shape and patch_size\)"),
+        (dict(num_prefix_tokens=0), r"num_prefix_tokens \(from the one class token\)"),
+        (dict(mean="12", std=[1.0]), r"mean must be a list of finite numbers, one per channel, got '12'"),
     ],
 )
-def test_build_vit_refuses_a_shape_with_nothing_to_learn_a_flag_that_is_not_a_bool_or_a_bad_dropout(kwargs, match):
+def test_build_vit_refuses_bad_arguments_with_a_value_error_that_names_them(kwargs, match):
     arguments = dict(image_shape=(8, 8, 1), num_classes=3, width=8, depth=1, heads=2, mlp_dim=8, patch_size=4)
     with pytest.raises(ValueError, match=match):
         pk.build_vit(**{**arguments, **kwargs})
