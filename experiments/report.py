@@ -532,8 +532,8 @@ def missing_lines(aggregated):
 
 def part_text(dataset, part):
     """"<dataset> <part of the queue>: N runs, H hours" of a forecast's or a compute summary's part."""
-    return (f"{dataset_name(dataset)} {PART_NAMES.get(part['part'], part['part'])}: {part['runs']} runs, "
-            f"{part['hours']:.1f} hours")
+    return (f"{dataset_name(dataset)} {PART_NAMES.get(part['part'], part['part'])}: {part['runs']} "
+            f"run{'' if part['runs'] == 1 else 's'}, {part['hours']:.1f} hours")
 
 
 def forecast_lines(forecast):

@@ -405,8 +405,8 @@ def test_compute_time_sums_each_part_of_the_queue_and_counts_a_shared_run_once_i
     assert compute["mnist"]["parts"] == [{"part": "main table", "runs": 1, "hours": pytest.approx(0.1)},
                                          {"part": "extra rows", "runs": 1, "hours": pytest.approx(0.1)}]
     assert ("All datasets: 6 runs, 5.2 hours of training epochs. Per part of the queue: CIFAR-10 main table: "
-            "2 runs, 1.5 hours; CIFAR-10 seeds beyond the main table's: 1 runs, 1.5 hours; CIFAR-10 q/k "
-            "normalisation ablation: 1 runs, 2.0 hours; MNIST main table: 1 runs, 0.1 hours; MNIST extra rows: 1 runs, "
+            "2 runs, 1.5 hours; CIFAR-10 seeds beyond the main table's: 1 run, 1.5 hours; CIFAR-10 q/k "
+            "normalisation ablation: 1 run, 2.0 hours; MNIST main table: 1 run, 0.1 hours; MNIST extra rows: 1 run, "
             "0.1 hours.") in "\n".join(
         report.compute_lines({"compute": compute}))
 
