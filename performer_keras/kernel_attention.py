@@ -422,6 +422,7 @@ class KernelAttention(keras.layers.Layer):
             raise ValueError(f"positions are used by the rotations {rotations} only; position {self.position!r} "
                              f"always uses the {self.grid_size} grid")
         if positions is not None:
+            positions = ops.convert_to_tensor(positions)  # a nested list has no .shape
             expected, shape = (self.grid_size[0] * self.grid_size[1], 2), tuple(positions.shape)
             if len(shape) != 2 or any(given not in (None, wanted) for given, wanted in zip(shape, expected)):
                 raise ValueError(f"positions must be {expected}: the (row, column) of each of the {self.grid_size} grid's "

@@ -356,6 +356,14 @@ def test_explicit_positions_argument_matches_reference(kernel, position):
     check_against_reference(kernel, position, rope_mixed=True, positions=positions)
 
 
+def test_positions_may_be_a_nested_list():
+    # A list of [row, column] pairs ended in "'list' object has no attribute 'shape'".
+    layer = build_with_random_parameters(kernel_name="favor", position="rope")
+    positions = grid_positions(GRID)[::-1].astype("float32")
+    np.testing.assert_array_equal(to_numpy(layer(inputs(), positions=positions.tolist())),
+                                  to_numpy(layer(inputs(), positions=positions)))
+
+
 @pytest.mark.parametrize("kernel, position", [("softmax", "kerple"), ("favor", "kerple"), ("relu", "absolute")])
 def test_positions_argument_is_refused_where_it_cannot_be_used(kernel, position):
     layer = build_with_random_parameters(kernel_name=kernel, position=position)
