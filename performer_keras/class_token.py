@@ -16,6 +16,8 @@ class ClassToken(keras.layers.Layer):
     def build(self, inputs_shape):
         check_rank("ClassToken", inputs_shape, "(batch, tokens, width)", known=("width",))
         self.token = self.add_weight(name="token", shape=(1, 1, int(inputs_shape[-1])), initializer="zeros")
+        # Keras then names a later input of another width, which otherwise failed in the backend's broadcast.
+        self.input_spec = keras.InputSpec(ndim=3, axes={-1: int(inputs_shape[-1])})
 
     def call(self, inputs):
         token = ops.cast(self.token, inputs.dtype)

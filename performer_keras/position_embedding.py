@@ -28,6 +28,8 @@ class PositionEmbedding(keras.layers.Layer):
             shape=(int(inputs_shape[1]), int(inputs_shape[2])),
             initializer=keras.initializers.TruncatedNormal(stddev=self.initializer_stddev),
         )
+        # Keras then names a later input of other tokens or width, which otherwise failed in the backend's add.
+        self.input_spec = keras.InputSpec(ndim=3, axes={1: int(inputs_shape[1]), 2: int(inputs_shape[2])})
 
     def call(self, inputs):
         return inputs + over_batch(ops.cast(self.embedding, inputs.dtype), inputs.shape[0])

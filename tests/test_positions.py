@@ -1,6 +1,7 @@
 """Position encodings: layer contract, relative properties, bad arguments, save/load."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import keras
 
 from performer_keras import (
     CirculantString,
+    ClassToken,
     ExpFeatures,
     FavorFeatures,
     KernelAttention,
@@ -318,6 +320,30 @@ def test_attention_names_the_tokens_axis_when_it_is_not_the_grid_plus_prefix(pos
     with pytest.raises(ValueError, match=match):
         layer.build((2, PATCHES, 8 * HEADS))
     KernelAttention(num_heads=HEADS, position=position, grid_size=GRID, num_prefix_tokens=1).build((2, None, 8 * HEADS))
+
+
+@pytest.mark.parametrize("make, first, later, axis", [
+    (lambda: KernelAttention(HEADS, position="rope", grid_size=(2, 2)), (1, 5, 8), (1, 6, 8), -2),
+    (lambda: KernelAttention(HEADS, kernel_name="favor", position="kerple", grid_size=(2, 2)), (1, 5, 8), (1, 6, 8), -2),
+    (lambda: KernelAttention(HEADS, kernel_name="linformer"), (1, 5, 8), (1, 6, 8), -2),
+    (lambda: KernelAttention(HEADS), (1, 5, 8), (1, 5, 16), -1),
+    (lambda: PositionEmbedding(), (1, 5, 8), (1, 6, 8), 1),
+    (lambda: ClassToken(), (1, 5, 8), (1, 5, 16), -1),
+])
+def test_a_built_layer_names_the_axis_of_a_later_input_that_its_weights_do_not_fit(make, first, later, axis):
+    # Each failed in a backend's matmul, add or broadcast ("Incompatible shapes"), or for rope in the rotation's
+    # positions check, which named the positions instead of the input.
+    layer = make()
+    layer(np.zeros(first, "float32"))
+    with pytest.raises(ValueError, match=re.escape(f"expected axis {axis} of input shape to have value {first[axis]}, "
+                                                   f"but received input with shape {tuple(later)}")):
+        layer(np.zeros(later, "float32"))
+
+
+def test_attention_without_a_grid_takes_any_number_of_tokens_once_built():
+    layer = KernelAttention(HEADS, kernel_name="favor")
+    layer(np.zeros((1, 5, 8), "float32"))
+    assert layer(np.zeros((1, 9, 8), "float32")).shape == (1, 9, 8)
 
 
 def test_numpy_integers_pass_where_python_integers_do():
