@@ -59,13 +59,14 @@ def measure(profile, variant, splits, rounds=ROUNDS, dispatches=DISPATCHES):
     count = (1 + dispatches) * per_dispatch
     batches = pipelines.train_batches(splits.train[0][:count], splits.train[1][:count], config.batch_size,
                                       config.seed, augmentation(config, splits))
+    # shuffle=False as train.py's fit: the pipeline orders each epoch (Keras warned that it ignores shuffle=True here).
     for model in models.values():  # compiles
-        model.fit(batches, epochs=1, verbose=0)
+        model.fit(batches, epochs=1, verbose=0, shuffle=False)
     rates = {jit: [] for jit in MODES}
     for _ in range(rounds):
         for jit, model in models.items():
             clock = _DispatchClock()
-            model.fit(batches, epochs=1, verbose=0, callbacks=[clock])
+            model.fit(batches, epochs=1, verbose=0, callbacks=[clock], shuffle=False)
             rates[jit].append(dispatches * per_dispatch / (clock.ends[-1] - clock.ends[0]))
     keras.backend.clear_session()
     median = {str(jit).lower(): statistics.median(values) for jit, values in rates.items()}
