@@ -253,3 +253,15 @@ def test_evaluate_script_fails_in_one_line_on_a_missing_path(tmp_path):
     assert "Traceback" not in result.stderr
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith("evaluate.py: error:") and "does not exist" in message
+
+
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_saliency_uses_tf_keras_vis_without_a_warning_from_keras():
+    # tf-keras-vis calls the model with a list of its one input, and Keras warned in every report with checkpoints;
+    # with the warning an error, SmoothGrad failed and the report silently fell back to the plain gradient.
+    from experiments.saliency import saliency_maps
+
+    images = np.random.default_rng(0).integers(0, 256, (2, 28, 28, 1)).astype("uint8")
+    maps, method = saliency_maps(performer_keras.create_model("softmax-absolute", size="tiny"), images, np.array([1, 2]))
+    assert method.startswith("tf-keras-vis SmoothGrad") and maps.shape == (2, 28, 28)
+    assert 0.0 <= maps.min() and maps.max() <= 1.0 + 1e-6
