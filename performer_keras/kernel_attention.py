@@ -368,11 +368,12 @@ class KernelAttention(keras.layers.Layer):
             raise ValueError("kernel 'linformer' needs a fixed number of tokens")
         # Keras then names a later input whose tokens differ from the grid's or linformer's projections, which
         # otherwise failed in a backend's matmul or in the rotation's positions check, naming neither.
+        axes = {-1: width}
         if self.grid_size is not None:
-            fixed_tokens = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
-        else:
-            fixed_tokens = tokens if self.kernel_name == "linformer" else None
-        self.input_spec = keras.InputSpec(ndim=3, axes={-1: width} if fixed_tokens is None else {-2: int(fixed_tokens), -1: width})
+            axes[-2] = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+        elif self.kernel_name == "linformer":
+            axes[-2] = int(tokens)
+        self.input_spec = keras.InputSpec(ndim=3, axes=axes)
         if self.kernel_name == "linformer":
             for name in ("key_projection", "value_projection"):
                 setattr(self, name, self.add_weight(
