@@ -201,13 +201,17 @@ def _profile_tf(concrete_function):
     """
     import tensorflow as tf
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+    from tensorflow.python.util import deprecation
 
     frozen = convert_variables_to_constants_v2(concrete_function)
     if any(op.type in _OPAQUE_OPS for op in frozen.graph.get_operations()):
         return None
     options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
     options["output"] = "none"  # the count is returned, not printed
-    return int(tf.compat.v1.profiler.profile(frozen.graph, options=options).total_float_ops)
+    # The profiler calls a TF1 function of TensorFlow's own that logs a three-line deprecation
+    # warning, which train.py and evaluate.py printed in the middle of their output.
+    with deprecation.silence():
+        return int(tf.compat.v1.profiler.profile(frozen.graph, options=options).total_float_ops)
 
 
 def _cost_jax(jitted, model, *inputs):

@@ -5,6 +5,7 @@ against the analytic count; evaluate() end to end on a fabricated run folder.
 """
 
 import json
+import logging
 import math
 import os
 import subprocess
@@ -182,6 +183,18 @@ def test_jax_flops_match_analytic_count():
     for kernel, flops in zip(("softmax", "favor"), counted):
         analytic = analytic_attention_flops(64, 32, 4, kernel, num_features=16)
         assert analytic <= flops <= 1.2 * analytic
+
+
+def test_counting_flops_logs_no_deprecation_warning_of_tensorflow(caplog):
+    """The profiler's TF1 internals logged "tensor_shape_from_node_def_name ... is deprecated" in
+    every train.py and evaluate.py run on TensorFlow. TensorFlow logs such a warning once a process,
+    so the record of it is cleared first: another test may have counted FLOPs in this worker."""
+    from tensorflow.python.util import deprecation
+
+    deprecation._PRINTED_WARNING.clear()
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        count_flops(attention_model("softmax", 16, width=32, heads=4))
+    assert not [record.getMessage() for record in caplog.records if "deprecated" in record.getMessage()]
 
 
 # === evaluate() end to end ===
