@@ -17,6 +17,7 @@ tool that imports it.
 
 import argparse
 import importlib
+import logging
 import math
 import os
 import re
@@ -356,9 +357,11 @@ def start_backend(prog=None):
     stderr's file descriptor is captured during the import, because the log
     comes from C++, and the captured lines are written back except absl's
     info and warning lines (what TF_CPP_MIN_LOG_LEVEL=2 would drop) and its
-    preamble: errors and Python's own warnings still show. First, one of the
-    project's commands restarts itself with huge pages for XLA's buffers where
-    they help (`experiments.huge_pages`).
+    preamble: errors and Python's own warnings still show. On TensorFlow,
+    its retracing warning about Keras' step functions is dropped too
+    (`_OneTracePerModel`). First, one of the project's commands restarts
+    itself with huge pages for XLA's buffers where they help
+    (`experiments.huge_pages`).
     """
     requested = os.environ.get("KERAS_BACKEND")
     if requested is not None and requested not in BACKENDS:
@@ -371,6 +374,27 @@ def start_backend(prog=None):
 
     if keras.backend.backend() == "jax":
         keep_keras_from_importing_tensorflow()
+    else:
+        logging.getLogger("tensorflow").addFilter(ONE_TRACE_PER_MODEL)
+
+
+class _OneTracePerModel(logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warning about Keras' own step functions.
+
+    TensorFlow counts a function's traces by its Python code object, so the
+    step function of every model that one process builds (a search's trials
+    and confirmation seeds, a benchmark's runs, a report's models) counts as
+    a retrace of the first one's: from the fifth model on it warned, in a
+    paragraph, that tracing is expensive, though each new model must trace
+    its own step. Warnings about any other function still show.
+    """
+
+    def filter(self, record):
+        message = record.getMessage()
+        return not ("triggered tf.function retracing" in message and "TensorFlowTrainer." in message)
+
+
+ONE_TRACE_PER_MODEL = _OneTracePerModel()
 
 
 def keep_keras_from_importing_tensorflow():

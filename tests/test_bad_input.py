@@ -8,6 +8,7 @@ folder exactly as it was (no run folder, no config.json, no changed file).
 
 import hashlib
 import json
+import logging
 import os
 import re
 
@@ -264,6 +265,40 @@ def test_tensorflows_start_up_log_is_told_from_what_stays():
         "/x/keras/src/export.py:3: UserWarning: a Python warning\n",
     ]
     assert all(is_start_up_log(line) for line in dropped) and not any(is_start_up_log(line) for line in kept)
+
+
+def test_tensorflows_retracing_warning_is_dropped_for_keras_step_functions_only(caplog):
+    """Six models predicting once each: TensorFlow counts their predict functions as retraces of one
+    function (one Python code object) and warned from the fifth on, as in a search or a benchmark.
+    After `start_backend` that warning is gone, and the same warning about a function of one's own
+    (six lambdas of one line, traced once each) still shows."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    from experiments.cli import ONE_TRACE_PER_MODEL, start_backend
+
+    def retracing_warnings(trace):
+        # TensorFlow warns at most twice a function in a process: a fresh count, as a new process has.
+        polymorphic_function._frequent_tracing_detector_manager = polymorphic_function._FrequentTracingDetectorManager()
+        caplog.clear()
+        for index in range(6):
+            trace(index)
+        return [record.getMessage() for record in caplog.records if "retracing" in record.getMessage()]
+
+    def six_models(index):
+        keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]).predict(np.zeros((2, 3)), verbose=0)
+
+    def six_functions(index):
+        tf.function(lambda x: x + 1)(tf.constant(index))
+
+    logging.getLogger("tensorflow").removeFilter(ONE_TRACE_PER_MODEL)
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        assert retracing_warnings(six_models)
+        start_backend("train.py")
+        assert not retracing_warnings(six_models)
+        assert retracing_warnings(six_functions)
 
 
 def test_out_of_memory_is_told_from_other_errors_in_a_few_words():
