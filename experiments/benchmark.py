@@ -63,7 +63,7 @@ from pathlib import Path
 
 from experiments.aggregate import BASELINE, queue_part, ran_with_xla, read_sessions, write_aggregate as aggregate_cells
 from experiments.benchmark_profiles import get_profile
-from experiments.cli import SELECTION_OPTIONS, fail, interruptible, out_of_memory, parser
+from experiments.cli import SELECTION_OPTIONS, expand_variants, fail, interruptible, out_of_memory, parser
 from experiments.history import read_history
 from experiments.metrics import read_metrics
 from experiments.run_config import RunError
@@ -467,7 +467,7 @@ def selected_jobs(args, profile):
     A selection of no run is a RunError that says what each ablation it names
     covers: an empty queue would otherwise read as a finished one.
     """
-    jobs = plan(profile, args.results_dir, args.variants, args.datasets, args.seeds, args.epochs,
+    jobs = plan(profile, args.results_dir, expand_variants(args.variants), args.datasets, args.seeds, args.epochs,
                 args.experiments or EXPERIMENTS)
     if not jobs:
         covers = [ablation_coverage(profile, name) for name in args.experiments or () if name != "variants"]

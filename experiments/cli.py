@@ -27,6 +27,7 @@ import tempfile
 
 from experiments import huge_pages
 from performer_keras.options import MAX_SEED
+from performer_keras.registry import list_variants
 
 # Must be set before TensorFlow is first imported: its C++ start-up log is
 # several lines on stderr, and the one-line promise above covers them.
@@ -171,6 +172,22 @@ def checkout_arg(text):
     return text
 
 
+def variant_arg(text):
+    """argparse type of a --variants entry: a variant of the registry (train.py --list-variants) or 'all',
+    checked now since the profiles and the benchmark meet a bad name only after minutes of work."""
+    if text != "all" and text not in list_variants(extra=True):
+        raise argparse.ArgumentTypeError(f"unknown variant {text!r}; expected 'all' or one of {list_variants(extra=True)}")
+    return text
+
+
+def expand_variants(names, default=None):
+    """The variants `--variants` names, 'all' standing for the twelve of the comparison and repeats
+    dropped, in order; `default` when none is named."""
+    if not names:
+        return default
+    return list(dict.fromkeys(variant for name in names for variant in (list_variants() if name == "all" else [name])))
+
+
 def limit_arg(text):
     """argparse type of --limit: an integer >= 1, or 'all' (every example, lifting a limit set elsewhere)."""
     return text if text == "all" else positive_int(text)
@@ -185,7 +202,7 @@ OPTIONS = {
     "variant": dict(help="kernel-position, e.g. favor-rope (see train.py --list-variants)"),
     "attention": dict(help="softmax, favor, relu, exp or linformer (with --position, instead of --variant)"),
     "position": dict(help="absolute, rope, string or kerple (with --attention, instead of --variant)"),
-    "variants": dict(nargs="+", metavar="VARIANT", help="variant names; 'all': the twelve of the comparison"),
+    "variants": dict(type=variant_arg, nargs="+", metavar="VARIANT", help="variant names; 'all': the twelve of the comparison"),
     "dataset": dict(type=given_arg, help="mnist or cifar10 (bundled), a .npz in the keras.datasets layout, a folder of images with one subfolder per class, or a tensorflow-datasets name"),
     "datasets": dict(type=given_arg, nargs="+", metavar="DATASET", help="dataset names (default: the profile's)"),
     "limit": dict(type=limit_arg, help="only the first N examples of each split; 'all' lifts a limit set elsewhere"),

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from experiments import atomic
-from experiments.cli import command_line, fail, interruptible, parser
+from experiments.cli import command_line, expand_variants, fail, interruptible, parser, variant_arg
 from performer_keras.options import check_choice
 from performer_keras.registry import list_variants, model_config, parse_variant
 from profiles import BENCH_BATCH, BENCH_DATASETS, BENCH_SIZE, DEFAULT_PATCHES, SCOPES
@@ -37,8 +37,8 @@ DEFAULTS = dict(datasets=[BENCH_DATASETS[0]], size=BENCH_SIZE, batch_size=BENCH_
 def parse_args(argv=None):
     """The command line with the defaults of `DEFAULTS` filled in; bad values exit 2 with one line."""
     cli = parser(PROG, __doc__, *OPTIONS)
-    cli.add_argument("variants", nargs="*", metavar="VARIANT",
-                     help="registry names such as favor-rope (default: the twelve of list_variants())")
+    cli.add_argument("variants", type=variant_arg, nargs="*", metavar="VARIANT",
+                     help="registry names such as favor-rope, or all (default: the twelve of list_variants())")
     args = cli.parse_args(argv)
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
@@ -46,10 +46,8 @@ def parse_args(argv=None):
     # Absolute: the measuring children run in the repository's root (profiles/child.py), so a relative
     # --out would put their traces there and the rest of the results here.
     args.out = Path(args.out).resolve()
-    args.variants = args.variants or list_variants()
+    args.variants = expand_variants(args.variants, list_variants())
     try:
-        for variant in args.variants:
-            parse_variant(variant)
         model_config(args.size, **{name: getattr(args, name) for name in ("width", "heads") if getattr(args, name)})
         for dataset in args.datasets:
             check_choice("dataset", dataset, BENCH_DATASETS)

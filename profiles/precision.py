@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from experiments.cli import command_line, parser, start_backend
+from experiments.cli import command_line, expand_variants, parser, start_backend, variant_arg
 
 start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
@@ -104,11 +104,12 @@ def record_name(seeds):
 
 def main(argv=None):
     cli = parser("python -m profiles.precision", __doc__, "out", "seeds")
-    cli.add_argument("variants", nargs="*", metavar="VARIANT", help="default: the twelve of list_variants()")
+    cli.add_argument("variants", type=variant_arg, nargs="*", metavar="VARIANT",
+                     help="registry names such as favor-rope, or all (default: the twelve of list_variants())")
     args = cli.parse_args(argv)
     seeds = sorted(set(args.seeds or [0]))
     result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
-    variants = args.variants or list_variants()
+    variants = expand_variants(args.variants, list_variants())
     settings = dict(SETTINGS, seed=seeds)
     path = result_dir / record_name(seeds)
     rows = earlier_rows(path, settings)

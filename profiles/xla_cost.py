@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from experiments.cli import parser, start_backend
+from experiments.cli import expand_variants, fail, parser, start_backend
 
 start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
@@ -28,6 +28,7 @@ from experiments.training import augmentation, build_model
 from profiles import bench
 from profiles.__main__ import DEFAULT_OUT
 
+PROG = "python -m profiles.xla_cost"
 ROUNDS = 3
 DISPATCHES = 3  # timed dispatches of `steps_per_execution` steps each, after one untimed
 MODES = (False, True)
@@ -76,15 +77,18 @@ def measure(profile, variant, splits, rounds=ROUNDS, dispatches=DISPATCHES):
 
 
 def main(argv=None):
-    args = parser("python -m profiles.xla_cost", __doc__, "out", "datasets", "variants").parse_args(argv)
+    args = parser(PROG, __doc__, "out", "datasets", "variants").parse_args(argv)
     profile = get_profile("cpu")
+    try:  # all of them first: a dataset that cannot load would otherwise end the run after minutes of timing
+        datasets = [data.load_dataset(dataset) for dataset in args.datasets or profile.datasets]
+    except data.DataError as error:
+        return fail(PROG, error)
     rows = []
-    for dataset in args.datasets or profile.datasets:
-        splits = data.load_dataset(dataset)
-        for variant in args.variants or profile.variants:
+    for splits in datasets:
+        for variant in expand_variants(args.variants, profile.variants):
             row = measure(profile, variant, splits)
             rows.append(row)
-            print(f"{dataset} {variant}: {row['median']['false']:.0f} images/s plain, "
+            print(f"{splits.name} {variant}: {row['median']['false']:.0f} images/s plain, "
                   f"{row['median']['true']:.0f} with XLA, x{row['xla_over_plain']:.2f}", flush=True)
     path = bench.write_record(args.out or DEFAULT_OUT, "xla_cost", "profiles.xla_cost", argv, profile="cpu",
                               rounds=ROUNDS, timed_dispatches=DISPATCHES, rows=rows)

@@ -1,5 +1,5 @@
-"""Bad input to each of the six tools (train, evaluate, benchmark, report, tuning, profiles): exit 2, exactly one
-line on stderr, no traceback, nothing written.
+"""Bad input to each of the tools (train, evaluate, benchmark, report, tuning and its sweep, profiles and its
+engine, precision and XLA benchmarks): exit 2, exactly one line on stderr, no traceback, nothing written.
 
 Every case runs the tool's `main(argv)` in this process inside a folder whose
 every file is checksummed before and after: a refused command must leave the
@@ -18,7 +18,7 @@ import evaluate
 import train
 from experiments import benchmark, report
 from profiles import __main__ as profiles_main
-from profiles import engine
+from profiles import engine, precision, xla_cost
 from tuning import __main__ as tuning_main
 from tuning import sweep
 
@@ -158,6 +158,21 @@ CASES = {
     "report on a results folder without the profile": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/r"],
                                                         "r/tiny does not exist: no run of profile 'tiny' to report"),
     "report --profile huge": (report.main, ["--profile", "huge", "--results-dir", "{tmp}/r"], "huge"),
+    # --variants is checked as it is parsed, by every tool that takes it: the profiles met a misspelt name only
+    # after minutes of measuring the others, the benchmark and report once they had planned the queue.
+    "benchmark unknown variant": (benchmark.main, ["--profile", "tiny", "--variants", "favor-nope", "--results-dir", "{tmp}/r"],
+                                  "argument --variants: unknown variant 'favor-nope'; expected 'all' or one of"),
+    "benchmark linformer-kerple": (benchmark.main, ["--profile", "tiny", "--variants", "linformer-kerple", "--results-dir",
+                                                    "{tmp}/r"], "unknown variant 'linformer-kerple'"),
+    "report unknown variant": (report.main, ["--profile", "tiny", "--variants", "favor-nope", "--results-dir", "{tmp}/r"],
+                               "unknown variant 'favor-nope'"),
+    "sweep unknown variant": (sweep.main, ["--variants", "favor-rope", "bogus-rope", "--out", "{tmp}/t"],
+                              "unknown variant 'bogus-rope'"),
+    "precision unknown variant": (precision.main, ["favor-nope", "--out", "{tmp}/p"], "unknown variant 'favor-nope'"),
+    "xla_cost unknown variant": (xla_cost.main, ["--variants", "favor-nope", "--out", "{tmp}/p"],
+                                 "unknown variant 'favor-nope'"),
+    "xla_cost unknown dataset": (xla_cost.main, ["--datasets", "mnist", "no_such_dataset_xyz", "--out", "{tmp}/p"],
+                                 "python -m profiles.xla_cost: error: Could not load dataset 'no_such_dataset_xyz'"),
     # tuning
     "tuning --out a file": (tuning_main.main, ["favor-rope", "--out", "{tmp}/a_file.txt"], "is a file"),
     "tuning --out under a file": (tuning_main.main, ["favor-rope", "--out", "{tmp}/a_file.txt/t"], "a file"),
@@ -169,7 +184,7 @@ CASES = {
     "tuning no variant": (tuning_main.main, ["--out", "{tmp}/t"], "VARIANT"),
     # profiles
     "profiles --size huge": (profiles_main.main, ["--size", "huge", "--out", "{tmp}/p", "--skip-scaling"], "huge"),
-    "profiles unknown variant": (profiles_main.main, ["favor-nope", "--out", "{tmp}/p"], "Unknown position"),
+    "profiles unknown variant": (profiles_main.main, ["favor-nope", "--out", "{tmp}/p"], "unknown variant 'favor-nope'"),
     "profiles --out a file": (profiles_main.main, ["--out", "{tmp}/a_file.txt"], "is a file"),
     "profiles --out under a file": (profiles_main.main, ["--out", "{tmp}/a_file.txt/p"], "a file"),
     "profiles --out where no folder can be made": (profiles_main.main, ["--out", "/proc/performer-keras"], "no folder can be made"),
@@ -195,9 +210,9 @@ def checksums(folder):
             for p in sorted(folder.rglob("*"))}
 
 
-def test_the_table_covers_all_seven_tools_with_40_or_more_inputs():
+def test_the_table_covers_all_ten_tools_with_40_or_more_inputs():
     tools = {main for main, _, _ in CASES.values()}
-    assert len(CASES) >= 40 and len(tools) == 7
+    assert len(CASES) >= 40 and len(tools) == 10
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -1038,3 +1038,21 @@ def test_pilot_summary_by_hand(tmp_path):
     assert summary["gaps"]["relu-absolute"]["mean"] == pytest.approx(0.055)
     assert summary["variants"]["softmax-absolute"]["hours_per_run"] == pytest.approx(0.5)
     assert "| d16 | (the first) | relu-absolute | 55.50 (2) | +5.50" in (tmp_path / "cpu-pilots" / "README.md").read_text()
+
+
+def test_variants_all_stands_for_the_twelve_of_the_comparison_in_every_tool_that_takes_variants(tmp_path):
+    from experiments.cli import expand_variants
+    from performer_keras.registry import list_variants
+
+    twelve = list_variants()
+    assert expand_variants(["all"]) == twelve
+    # Named beside 'all', an extra row joins the twelve; repeats go, the order stays.
+    assert expand_variants(["exp-rope", "all", "favor-rope", "exp-rope"]) == ["exp-rope", *twelve]
+    assert expand_variants(None) is None and expand_variants([], ["x"]) == ["x"]
+    profile = get_profile("cpu")
+    args = benchmark.parser("benchmark", "", *benchmark.SELECTION_OPTIONS).parse_args(
+        ["--profile", "cpu", "--variants", "all", "--results-dir", str(tmp_path)])
+    jobs = benchmark.selected_jobs(args, profile)
+    assert jobs == benchmark.plan(profile, tmp_path, variants=twelve)
+    # The profile's extra rows (exp) are not among the twelve.
+    assert {j.variant for j in jobs} == set(twelve) & {j.variant for j in benchmark.plan(profile, tmp_path)}

@@ -415,8 +415,6 @@ def test_sweep_compares_best_settings_with_their_seed_spread(search, capsys):
     table = (root / "sweep.md").read_text()
     assert "| favor-rope |" in table and "mean ± std (2 seeds)" in table
 
-    assert sweep(["--variants", "favor-rope", "bogus-rope", *SEARCH[1:], "--out", str(root)]) == 2
     assert sweep(["--variants", "softmax-rope", *SEARCH[1:], "--space", "num_features=32", "--out", str(root)]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[-2].startswith("python -m tuning.sweep: error: Unknown attention")
     assert err[-1] == "python -m tuning.sweep: error: no variant of the sweep uses ['num_features']"

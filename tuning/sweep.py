@@ -19,8 +19,7 @@ Bad input exits with code 2 and one line on stderr.
 import sys
 from pathlib import Path
 
-from experiments.cli import VARIANT_OPTIONS, UsageError, parser
-from performer_keras.registry import list_variants
+from experiments.cli import VARIANT_OPTIONS, UsageError, expand_variants, parser
 from tuning.__main__ import SEARCH_OPTIONS, exit_status, make_search
 
 PROG = "python -m tuning.sweep"
@@ -111,7 +110,7 @@ def main(argv=None):
 
         if not args.variants:
             raise UsageError("give the variants to compare: --variants favor-rope relu-rope ... or --variants all")
-        variants = list_variants() if args.variants == ["all"] else list(dict.fromkeys(args.variants))
+        variants = expand_variants(args.variants)
         searches = [make_search(args, variant, strict=False) for variant in variants]
         unused = set(search_spaces.parse_overrides(args.space, args.space_file)) - {
             name for search in searches for name in search.space
