@@ -1040,7 +1040,7 @@ def test_pilot_summary_by_hand(tmp_path):
     assert "| d16 | (the first) | relu-absolute | 55.50 (2) | +5.50" in (tmp_path / "cpu-pilots" / "README.md").read_text()
 
 
-def test_variants_all_stands_for_the_twelve_of_the_comparison_in_every_tool_that_takes_variants(tmp_path):
+def test_variants_all_expands_to_the_twelve_of_the_comparison_and_selects_their_runs_of_the_queue(tmp_path):
     from experiments.cli import expand_variants
     from performer_keras.registry import list_variants
 
