@@ -255,8 +255,9 @@ def add_comparisons(cells):
     absolute positions, (K-P - softmax-P) - (K-absolute - softmax-absolute),
     which is the question itself: does the position close (> 0) the gap;
     init_from rows: "gain_over_scratch" (vs the variant trained from scratch);
-    the setting ablations' rows (`setting_ablations`): `setting_comparisons`.
-    Like the init_from rows these are outside the Holm family.
+    num_features rows: `num_features_comparisons`; the setting ablations'
+    rows (`setting_ablations`): `setting_comparisons`. Like the init_from
+    rows these are outside the Holm family.
     """
     rows = {(c["dataset"], c["variant"]): c for c in cells if c["experiment"] == "variants"}
     settings = {(c["experiment"], c["dataset"], c["variant"], c["setting"][c["experiment"]]): c
@@ -276,9 +277,29 @@ def add_comparisons(cells):
         elif cell["experiment"] == "init_from":
             scratch = rows.get((cell["dataset"], cell["variant"]))
             cell["gain_over_scratch"] = _compare(cell, scratch, f"{cell['variant']} from scratch")
+        elif cell["experiment"] == "num_features":
+            num_features_comparisons(cell, rows)
         elif cell["experiment"] in SETTING_ABLATIONS:
             setting_comparisons(cell, rows, settings)
     return cells
+
+
+def num_features_comparisons(cell, rows):
+    """A num_features row against the variant row and against softmax at its position, in place.
+
+    "change_from_profile_m": vs the variant row (the profile's m), so that a
+    difference in m is read over the seeds both share, not from two means;
+    "gap_to_softmax_same_m": vs softmax-<position>'s variant row (softmax
+    reads no m). Nothing for the column at the profile's m: it is the variant
+    row's own folder. `rows`: {(dataset, variant): variant row}.
+    """
+    dataset, variant = cell["dataset"], cell["variant"]
+    own = rows.get((dataset, variant))
+    if own is not None and own["directory"] == cell["directory"]:
+        return
+    position = variant.partition("-")[2]
+    cell["change_from_profile_m"] = _compare(cell, own, f"{variant} at the profile's m")
+    cell["gap_to_softmax_same_m"] = _compare(cell, rows.get((dataset, f"softmax-{position}")), f"softmax-{position}")
 
 
 def setting_comparisons(cell, rows, settings):

@@ -393,7 +393,22 @@ def num_features_lines(aggregated):
     lines += [f"Inference ms per image (batch 1{where}):", ""]
     latency_rows = grid(lambda c: _number(group_mean(c, *group, "latency_ms_batch1"), 3)) if group else []
     lines += table_lines(header, latency_rows) + [""]
+    keys = {"change_from_profile_m": "this m − the profile's", "gap_to_softmax_same_m": "gap to softmax"}
+    lines += contrast_lines(aggregated, cells, keys, "m", lambda c: str(c["setting"]["num_features"]),
+                            "a matter of the number of random features")
     return lines
+
+
+def contrast_lines(aggregated, cells, keys, column, value_text, question):
+    """An ablation's paired contrasts: per cell and each {key: words} of `keys` it has a test for, its dataset,
+    variant, `value_text(cell)` under `column`, the words, the baseline and the test; none without a test."""
+    rows = [[dataset_name(c["dataset"]), c["variant"], value_text(c), words, c[key]["baseline"], test_text(c[key])]
+            for c in cells for key, words in keys.items() if (c.get(key) or {}).get("mean") is not None]
+    if not rows:
+        return []
+    return [f"Paired contrasts, percentage points [{round(100 * aggregated['confidence'])}% CI], two-sided p, MDE; "
+            f"outside the Holm family (they ask whether the gap is {question}), so each p is uncorrected:", "",
+            *table_lines(["dataset", "variant", column, "contrast", "against", "difference"], rows), ""]
 
 
 def setting_lines(aggregated, ablation):
@@ -428,15 +443,8 @@ def setting_lines(aggregated, ablation):
     keys = {ablation.key("change_from_profile"): f"this {noun} − the profile's",
             ablation.key("gap_to_softmax_same"): "gap to softmax", ablation.key("gap_closed_by"): f"gap closed by the {noun}",
             ablation.key("interaction_same"): "gap closed by the position"}
-    contrasts = [[dataset_name(c["dataset"]), c["variant"], ablation.text(c["setting"][field]), words,
-                  c[key]["baseline"], test_text(c[key])]
-                 for c in cells for key, words in keys.items() if (c.get(key) or {}).get("mean") is not None]
-    if contrasts:
-        lines += [f"Paired contrasts, percentage points [{round(100 * aggregated['confidence'])}% CI], two-sided p, "
-                  f"MDE; outside the Holm family (they ask whether the gap is the {ablation.name}'s), so each p is "
-                  "uncorrected:", ""]
-        lines += table_lines(["dataset", "variant", noun, "contrast", "against", "difference"], contrasts) + [""]
-    return lines
+    return lines + contrast_lines(aggregated, cells, keys, noun, lambda c: ablation.text(c["setting"][field]),
+                                  f"the {ablation.name}'s")
 
 
 def normalization_lines(aggregated):

@@ -304,6 +304,18 @@ def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
     assert cells[("num_features", "favor-absolute-m16")]["per_seed"] == favor["per_seed"]
     assert cells[("num_features", "favor-absolute-m256")]["seeds"]["missing"] == [1]
     assert result["runs"]["missing"] == ["ablations/num_features/mnist/favor-absolute-m256/seed1"]
+    # m = 16 is the row itself: nothing to compare. By hand, per seed: m = 32 is the row + 16/10,000, and
+    # favor - softmax (at the profile's m, 16) is -0.05 + 16/10,000; m = 256 is paired over seed 0 alone.
+    assert "change_from_profile_m" not in cells[("num_features", "favor-absolute-m16")]
+    m32, m256 = cells[("num_features", "favor-absolute-m32")], cells[("num_features", "favor-absolute-m256")]
+    assert m32["change_from_profile_m"]["mean"] == pytest.approx(0.0016)
+    assert m32["change_from_profile_m"]["seeds"] == [0, 1]
+    assert m32["change_from_profile_m"]["baseline"] == "favor-absolute at the profile's m"
+    assert m32["gap_to_softmax_same_m"]["mean"] == pytest.approx(-0.0484)
+    assert m32["gap_to_softmax_same_m"]["baseline"] == "softmax-absolute"
+    assert m256["change_from_profile_m"]["seeds"] == [0] and m256["change_from_profile_m"]["mean"] == pytest.approx(0.024)
+    assert all("p_holm" not in (c.get(key) or {}) for c in result["cells"]
+               for key in ("change_from_profile_m", "gap_to_softmax_same_m"))
     assert favor["val_accuracy_curve"]["mean"] == pytest.approx([0.5, statistics.mean(values)])
 
     (root / "aggregate.json").write_text(json.dumps(result))
@@ -312,6 +324,9 @@ def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
     assert "## Ablation: number of random features m" in readme
     # Its falls, m = 16 being the main row's runs: only seed 0 at m = 32 fell (60% -> 20% in its second epoch).
     assert "| MNIST | favor-absolute | 0: 0.00 (1), 1: 0.00 (1) | 0: 40.00 (2), 1: 0.00 (1) |" in readme
+    assert "| MNIST | favor-absolute | 32 | this m − the profile's | favor-absolute at the profile's m | +0.16 [" in readme
+    assert "| MNIST | favor-absolute | 256 | gap to softmax | softmax-absolute | -2.60 (one pair: no interval, no test) |" in readme
+    assert "| MNIST | favor-absolute | 16 |" not in readme
     assert "## Ablation: from scratch against starting from the trained softmax ViT" in readme
     assert "favor-absolute-m256/seed1" not in readme and "`ablations/num_features/mnist/favor-absolute-m256`: 1" in readme
     assert f"{100 * statistics.mean(values):.2f}" in readme
