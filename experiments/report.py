@@ -351,13 +351,15 @@ def ablation_lines(aggregated):
         rows = [
             [dataset_name(c["dataset"]), c["variant"],
              accuracy_text(scratch[(c["dataset"], c["variant"])]) if (c["dataset"], c["variant"]) in scratch else "–",
-             accuracy_text(c), gap_text(c.get("gain_over_scratch"))]
+             accuracy_text(c), test_text(c.get("gain_over_scratch"))]
             for c in cells
         ]
         lines += ["## Ablation: from scratch against starting from the trained softmax ViT", "",
                   f"`--init-from` copies every weight of the same seed's {BASELINE} best.keras whose name and shape "
                   "match (everything but the kernel's own state); same epochs and schedule as from scratch. The started "
-                  "run has also had the softmax run's training, so its gain mixes what transfers with more steps.", ""]
+                  "run has also had the softmax run's training, so its gain mixes what transfers with more steps. Δ: "
+                  f"percentage points [{round(100 * aggregated['confidence'])}% CI], two-sided p, MDE; outside the Holm "
+                  "family (it asks what transfers, not the question), so p is uncorrected.", ""]
         lines += table_lines(["dataset", "variant", "from scratch", "from softmax", "Δ (init − scratch, paired)"], rows) + [""]
     return lines
 

@@ -328,6 +328,8 @@ def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
     assert "| MNIST | favor-absolute | 256 | gap to softmax | softmax-absolute | -2.60 (one pair: no interval, no test) |" in readme
     assert "| MNIST | favor-absolute | 16 |" not in readme
     assert "## Ablation: from scratch against starting from the trained softmax ViT" in readme
+    # init-from adds 0.03 to every seed: the paired test has no spread, so p is 0 and the MDE 0.
+    assert "| +3.00 [3.00, 3.00], p 0.0e+00; MDE 0.00 |" in readme
     assert "favor-absolute-m256/seed1" not in readme and "`ablations/num_features/mnist/favor-absolute-m256`: 1" in readme
     assert f"{100 * statistics.mean(values):.2f}" in readme
     assert "no best.keras checkpoint" in readme and not (root / "saliency_mnist.png").exists()
