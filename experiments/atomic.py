@@ -67,6 +67,16 @@ def _pause_if_asked(path, tmp):
             time.sleep(1)
 
 
+def paused_under(folder):
+    """True once a write under `folder` waits at PERFORMER_KERAS_PAUSE_AT (its marker exists).
+
+    os.walk, not Path.rglob: a run removes its backup folder when training ends,
+    and rglob raises FileNotFoundError for a folder that vanishes mid-scan
+    where os.walk skips it.
+    """
+    return any(name.endswith(".paused") for _, _, files in os.walk(folder) for name in files)
+
+
 def write_text(path, text):
     """Write `text` to `path` atomically."""
     with replacing(path) as tmp:

@@ -49,7 +49,7 @@ def killed_at(moment, out):
     deadline = time.time() + 240
     try:
         while time.time() < deadline and process.poll() is None:
-            if any(out.rglob("*.paused")):
+            if atomic.paused_under(out):
                 return True
             time.sleep(0.05)
         return False
@@ -125,10 +125,10 @@ def test_ctrl_c_exits_130_in_one_line_and_the_same_command_resumes(tmp_path, uni
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     try:
-        while time.time() < deadline and process.poll() is None and not any(out.rglob("*.paused")):
+        while time.time() < deadline and process.poll() is None and not atomic.paused_under(out):
             time.sleep(0.05)
         assert process.poll() is None, "the run ended before its second epoch was written"
-        assert any(out.rglob("*.paused")), "the run did not reach its second epoch's write in 240 s"
+        assert atomic.paused_under(out), "the run did not reach its second epoch's write in 240 s"
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
     finally:

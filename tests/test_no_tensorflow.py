@@ -78,9 +78,9 @@ def test_a_killed_run_resumes_to_identical_metrics(uninterrupted, tmp_path):
     process = subprocess.Popen(command, cwd=REPO, env=environment(**{atomic.PAUSE_VARIABLE: "state.json:2"}),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    while time.time() < deadline and process.poll() is None and not any(out.rglob("*.paused")):
+    while time.time() < deadline and process.poll() is None and not atomic.paused_under(out):
         time.sleep(0.05)
-    paused = any(out.rglob("*.paused"))
+    paused = atomic.paused_under(out)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert paused and not (out / "metrics.json").exists()
