@@ -285,14 +285,14 @@ def expected_seconds(job, root, statistic=max, device=None):
     return first + later * (left - 1) if left > 0 else 0.0
 
 
-def forecast_basis(device, on_device, finished):
+def forecast_basis(device, on_device, finished, this_machine=False):
     """The forecast's rule in words, naming the device it forecasts for (`forecast`)."""
     basis = ("each queued run at the median first epoch (which compiles) and median later epoch of the finished "
              "runs of its row with its XLA setting, else of its variant's main-table row, else of its dataset")
     if device is None:
         return basis
-    return (f"{basis}, run on {device}, the device of {on_device} of the {finished} finished runs (any device's "
-            f"where it has none)")
+    return (f"{basis}, run on {device}{' (this machine)' if this_machine else ''}, the device of {on_device} of the "
+            f"{finished} finished runs (any device's where it has none)")
 
 
 def forecast_part(job, profile):
@@ -300,30 +300,40 @@ def forecast_part(job, profile):
     return job.dataset, queue_part(job.experiment, job.variant, job.seed, profile.seeds)
 
 
-def forecast(jobs, root, profile):
+def forecast(jobs, root, profile, machine=None):
     """Minutes of training epochs each queued run of `jobs` needs, and their sums per part of the queue.
 
     Returns {"basis", "runs", "hours", "without_forecast", "parts": [{"dataset",
     "part", "runs", "hours", "without_forecast"}], "minutes": {folder: minutes
-    or None}}, parts in queue order; `expected_seconds` at the median epochs,
-    so it holds for the machine and load the finished runs had. One results
-    tree holds a GPU's runs beside CPUs' runs whose epochs take tens of times
-    longer, so every run is forecast for one device, the one most finished
-    runs of `jobs` ran on, from that device's runs where it has any.
+    or None}, "elsewhere": [folder]}, parts in queue order; `expected_seconds`
+    at the median epochs, so it holds for the machine and load the finished
+    runs had. One results tree holds a GPU's runs beside CPUs' runs whose
+    epochs take tens of times longer, so every run is forecast for one device:
+    `machine` (`--list` passes the device it runs on) where any finished run
+    of `jobs` ran on it, else the one most of them ran on (what aggregate.json
+    holds, a function of the results alone); from that device's runs where it
+    has any like the job, else from every device's: those runs are listed in
+    "elsewhere", a time the device itself may be far from.
     """
     runs = unique_runs(jobs, root)
     finished = [metrics for metrics in (read_metrics(job.folder(root)) for job in runs) if metrics is not None]
     devices = [metrics.get("device") for metrics in finished]
     device, on_device = max(((name, devices.count(name)) for name in set(devices) - {None}),
                             key=lambda pair: (pair[1], pair[0]), default=(None, 0))
-    minutes, parts = {}, {}
+    this_machine = machine is not None and machine in devices
+    if this_machine:
+        device, on_device = machine, devices.count(machine)
+    minutes, parts, elsewhere = {}, {}, []
     for job in runs:
         if is_finished(job, root):
             continue
+        folder = str(job.folder(root).relative_to(root))
         seconds = expected_seconds(job, root, statistics.median, device=device)
         if seconds is None:
             seconds = expected_seconds(job, root, statistics.median)
-        minutes[str(job.folder(root).relative_to(root))] = None if seconds is None else seconds / 60
+            if seconds is not None and device is not None:
+                elsewhere.append(folder)
+        minutes[folder] = None if seconds is None else seconds / 60
         part = parts.setdefault(forecast_part(job, profile), {"runs": 0, "hours": 0.0, "without_forecast": 0})
         part["runs"] += 1
         if seconds is None:
@@ -331,25 +341,37 @@ def forecast(jobs, root, profile):
         else:
             part["hours"] += seconds / 3600
     return {
-        "basis": forecast_basis(device, on_device, len(devices)),
+        "basis": forecast_basis(device, on_device, len(devices), this_machine),
         "runs": len(minutes),
         "hours": sum(part["hours"] for part in parts.values()),
         "without_forecast": sum(part["without_forecast"] for part in parts.values()),
         "parts": [{"dataset": dataset, "part": name, **part} for (dataset, name), part in parts.items()],
         "minutes": minutes,
+        "elsewhere": elsewhere,
     }
 
 
-def list_queue(jobs, root, profile, log=print):
-    """Print each run's state, the queued runs' forecast minutes (`forecast`) and their sum."""
-    left = forecast(jobs, root, profile)
+def elsewhere_text(forecast):
+    """"; N of them, H of those hours, from other devices' runs ..." of a `forecast`, "" when it has none such."""
+    if not forecast["elsewhere"]:
+        return ""
+    hours = sum(forecast["minutes"][folder] for folder in forecast["elsewhere"]) / 60
+    return (f"; {len(forecast['elsewhere'])} of them, {hours:.1f} of those hours, from other devices' runs, as that "
+            f"device has finished none like them")
+
+
+def list_queue(jobs, root, profile, log=print, machine=None):
+    """Print each run's state, the queued runs' forecast minutes (`forecast`, for `machine` where it ran any) and their sum."""
+    left = forecast(jobs, root, profile, machine)
     for job in jobs:
         folder = job.folder(root)
         if is_finished(job, root):
             log(f"finished  {folder}")
             continue
-        minutes = left["minutes"][str(folder.relative_to(root))]
-        log(f"queued    {folder}" + ("" if minutes is None else f"  (about {minutes:.0f} min)"))
+        key = str(folder.relative_to(root))
+        minutes = left["minutes"][key]
+        other = ", from other devices' runs" if key in left["elsewhere"] else ""
+        log(f"queued    {folder}" + ("" if minutes is None else f"  (about {minutes:.0f} min{other})"))
     finished = len(jobs) - left["runs"]
     line = f"{finished} of {len(jobs)} runs finished"
     if not left["runs"]:
@@ -357,6 +379,7 @@ def list_queue(jobs, root, profile, log=print):
     else:
         line += (f"; the {left['runs'] - left['without_forecast']} queued runs with a forecast need about "
                  f"{left['hours']:.1f} hours of training epochs ({left['basis']})")
+        line += elsewhere_text(left)
         if left["without_forecast"]:
             line += f"; {left['without_forecast']} have no finished run to forecast from"
     log(line)
@@ -573,7 +596,9 @@ def run(args, argv=()):
         index, count = args.shard
         jobs = jobs[index::count]
     if args.list:
-        list_queue(jobs, root, profile)
+        from experiments.latency import device_name
+
+        list_queue(jobs, root, profile, machine=device_name())
         return 0
     if args.workers > 1:
         status = run_workers(argv, args.workers, args.max_runs)

@@ -271,7 +271,8 @@ OPTIONS = {
     "shard": dict(type=shard_arg, help="K/N: run only queue entries K, K+N, K+2N, ... (what --workers gives each "
                                         "worker process)"),
     "archive": dict(type=archive_arg, help="at the end, pack every finished run folder (no backups, no checkpoints) into this .tar.gz"),
-    "list": dict(**_FLAG, help="print the queue with each run's state and exit"),
+    "list": dict(**_FLAG, help="print the queue with each run's state and the time each queued run needs on this "
+                               "machine (from other devices' runs where it has run none like it), and exit"),
     "list-variants": dict(**_FLAG, help="print the variant names and exit"),
     "verbose": dict(**_FLAG, help="Keras progress lines for every epoch"),
     # Cost profiles.

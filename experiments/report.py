@@ -30,7 +30,7 @@ from pathlib import Path
 from experiments import atomic
 from experiments.aggregate import (BASELINE, common_timing_group, group_mean, is_main_variant, normalization_index,
                                   queue_part, relative_positions, timing_ratio)
-from experiments.benchmark import commands, profile_root, selected_jobs, write_aggregate
+from experiments.benchmark import commands, elsewhere_text, profile_root, selected_jobs, write_aggregate
 from experiments.benchmark_figures import dataset_name, plot_curves, plot_pareto
 from experiments.benchmark_profiles import PROFILES, get_profile
 from experiments.cli import SELECTION_OPTIONS, fail, parser, start_backend
@@ -554,7 +554,7 @@ def forecast_lines(forecast):
                                                  if part["without_forecast"] else "")
              for part in forecast["parts"]]
     return [f"Forecast for the {forecast['runs']} queued runs: about {forecast['hours']:.1f} hours of training "
-            f"epochs ({forecast['basis']}; `--list` gives each run's): {'; '.join(parts)}.", ""]
+            f"epochs ({forecast['basis']}{elsewhere_text(forecast)}; `--list` gives each run's): {'; '.join(parts)}.", ""]
 
 
 def compute_lines(aggregated):

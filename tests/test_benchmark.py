@@ -889,6 +889,28 @@ def test_a_deadline_and_the_forecast_read_the_runs_of_one_device_first(tmp_path)
     assert left["minutes"][str(cifar.folder(root).relative_to(root))] == 900.0 / 60
     assert left["basis"].endswith(
         "else of its dataset, run on gpu: fast, the device of 2 of the 3 finished runs (any device's where it has none)")
+    assert left["elsewhere"] == [str(cifar.folder(root).relative_to(root))]
+    lines = []
+    benchmark.list_queue([first, second, third, fourth, cifar], root, profile, log=lines.append)
+    assert lines[1] == f"queued    {second.folder(root)}  (about 0 min)"
+    assert lines[4] == f"queued    {cifar.folder(root)}  (about 15 min, from other devices' runs)"
+    elsewhere = "; 1 of them, 0.2 of those hours, from other devices' runs, as that device has finished none like them"
+    assert lines[-1].endswith(elsewhere)
+    assert f"{elsewhere}; `--list`" in report.forecast_lines(left)[0]
+    # `--list` on a machine that has finished runs of the queue forecasts for that machine, here the CPU
+    # (its own row's 600 s, and its CIFAR-10 run's 900 s), not for the device most runs ran on.
+    mine = benchmark.forecast([first, second, third, fourth, cifar], root, profile, machine="cpu: slow (2 cores)")
+    assert mine["minutes"][str(second.folder(root).relative_to(root))] == 600.0 / 60
+    assert mine["minutes"][str(cifar.folder(root).relative_to(root))] == 900.0 / 60
+    assert mine["elsewhere"] == []
+    assert mine["basis"].endswith("run on cpu: slow (2 cores) (this machine), the device of 1 of the 3 finished runs "
+                                  "(any device's where it has none)")
+    lines.clear()
+    benchmark.list_queue([first, second, third, fourth, cifar], root, profile, log=lines.append,
+                         machine="cpu: slow (2 cores)")
+    assert lines[1] == f"queued    {second.folder(root)}  (about 10 min)"
+    # A machine without a finished run of the queue gets the forecast aggregate.json holds.
+    assert benchmark.forecast([first, second, third, fourth, cifar], root, profile, machine="gpu: other") == left
     # A tree whose runs name no device is forecast from all of them, and the rule names none.
     plain = tmp_path / "plain"
     _fake_finished_run(first.folder(plain), [600.0])
