@@ -90,6 +90,11 @@ def fall_text(cell):
     return ", ".join(parts) or "–"
 
 
+FLOOR_WORDS = ("where the run folder holds a favor_floor.json (made by `python -m experiments.favor_floor`, its command "
+               "inside), the largest share of one block's attention on FAVOR+'s epsilon floor over the checkpoints it "
+               "read (seed: share (block, epochs trained))")
+
+
 def floor_text(cell):
     """Each seed's largest share of a layer's attention on FAVOR+'s epsilon floor, from its favor_floor.json:
     "0: 0.085 (block 0, epoch 8)"; "–" where no run has the file."""
@@ -372,7 +377,8 @@ def grid_rows(index, rows, columns, text):
 
 
 def num_features_lines(aggregated):
-    """The rows at each number of random features m: accuracies, validation falls and inference latency."""
+    """The rows at each number of random features m: accuracies, validation falls, the epsilon floor where measured
+    and inference latency."""
     cells = _by(aggregated["cells"], "num_features")
     if not cells:
         return []
@@ -390,6 +396,10 @@ def num_features_lines(aggregated):
     lines += ["Each seed's largest fall of validation accuracy below its best earlier epoch (seed: points, the epoch "
               "of the low in brackets): whether a collapse depends on the estimator's variance, which falls as 1/m.", ""]
     lines += table_lines(header, grid(fall_text)) + [""]
+    floors = grid(floor_text)
+    if any(text != "–" for row in floors for text in row[2:]):
+        lines += [f"{FLOOR_WORDS[0].upper()}{FLOOR_WORDS[1:]}: whether a run that fell got its attention back.", ""]
+        lines += table_lines(header, floors) + [""]
     group = common_timing_group(cells)
     where = f", runs on {_group_text(*group)} only" if group else ""
     lines += [f"Inference ms per image (batch 1{where}):", ""]
@@ -431,9 +441,7 @@ def setting_lines(aggregated, ablation):
                      fall_text(c), floor_text(c)])
     # The floor column only where some run of the ablation was measured (`experiments.favor_floor`).
     floors = any(row[-1] != "–" for row in rows)
-    floor_words = (", and, where the run folder holds a favor_floor.json (made by `python -m experiments.favor_floor`, "
-                   "its command inside), the largest share of one block's attention on FAVOR+'s epsilon floor over the "
-                   "checkpoints it read (seed: share (block, epochs trained))") if floors else ""
+    floor_words = f", and, {FLOOR_WORDS}" if floors else ""
     lines = [f"## Ablation: {ablation.heading}", "",
              f"{ablation.about.format(own=own_text)}. Test accuracy %, as in the main table (the profile's-{noun} column is "
              "the main table's row), and each seed's largest fall of validation accuracy below its best earlier epoch "

@@ -327,6 +327,13 @@ def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
     assert "| MNIST | favor-absolute | 32 | this m − the profile's | favor-absolute at the profile's m | +0.16 [" in readme
     assert "| MNIST | favor-absolute | 256 | gap to softmax | softmax-absolute | -2.60 (one pair: no interval, no test) |" in readme
     assert "| MNIST | favor-absolute | 16 |" not in readme
+    assert "epsilon floor" not in readme  # no run has a favor_floor.json: no table of it
+    # With one in m = 32's seed 0 (`experiments.favor_floor`), the table of the floor: its largest share, that seed only.
+    (root / "ablations/num_features/mnist/favor-absolute-m32/seed0/favor_floor.json").write_text(json.dumps(
+        {"checkpoints": [{"epoch": 2, "layers": [{"layer": "block_0_attention", "floor_mass": 0.75}]}]}))
+    floored = report.render(aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path)), {})
+    assert "the largest share of one block's attention on FAVOR+'s epsilon floor" in floored
+    assert "| MNIST | favor-absolute | – | 0: 0.750 (block 0, epoch 2) | – |" in floored
     assert "## Ablation: from scratch against starting from the trained softmax ViT" in readme
     # init-from adds 0.03 to every seed: the paired test has no spread, so p is 0 and the MDE 0.
     assert "| +3.00 [3.00, 3.00], p 0.0e+00; MDE 0.00 |" in readme
