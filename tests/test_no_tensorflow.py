@@ -140,6 +140,9 @@ def test_benchmark_and_report_run_without_tensorflow(tmp_path):
     run("-m", "experiments.report", "--profile", "tiny", "--results-dir", tmp_path)
     report = (tmp_path / "tiny" / "README.md").read_text()
     assert "softmax-absolute" in report and "saliency maps need the TensorFlow backend" in report
+    # `--list` asks which machine it forecasts for (`latency.device_name`) with TensorFlow blocked.
+    listed = run("-m", "experiments.benchmark", "--profile", "tiny", "--results-dir", tmp_path, "--list").stdout
+    assert listed.splitlines()[-1].endswith("the queue is complete")
 
 
 def test_compiled_programs_are_cached_where_the_readme_says(uninterrupted):
