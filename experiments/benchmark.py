@@ -329,9 +329,9 @@ def forecast(jobs, root, profile, machine=None):
             continue
         folder = str(job.folder(root).relative_to(root))
         seconds = expected_seconds(job, root, statistics.median, device=device)
-        if seconds is None:
+        if seconds is None and device is not None:
             seconds = expected_seconds(job, root, statistics.median)
-            if seconds is not None and device is not None:
+            if seconds is not None:
                 elsewhere.append(folder)
         minutes[folder] = None if seconds is None else seconds / 60
         part = parts.setdefault(forecast_part(job, profile), {"runs": 0, "hours": 0.0, "without_forecast": 0})
