@@ -21,7 +21,7 @@ from performer_keras.registry import list_variants
 
 def main(argv=None):
     cli = parser("train.py", __doc__, *RUN_OPTIONS, "learning-rate", "weight-decay", "hparams", "init-from",
-                 "init-from-partial", "distribute", "out", "export", "list-variants")
+                 "init-from-partial", "distribute", "out", "export", "keep-epochs", "list-variants")
     args = cli.parse_args(argv)
     return interruptible("train.py", lambda: run(args))
 
@@ -41,7 +41,7 @@ def run(args):
 
     try:
         out = args.out or os.path.join("runs", f"{config.variant}_{config.dataset}_seed{config.seed}")
-        metrics = train(config, out, export_dir=args.export, distribute=args.distribute)
+        metrics = train(config, out, export_dir=args.export, distribute=args.distribute, keep_epochs=args.keep_epochs)
     except (RunError, DataError) as error:
         return fail("train.py", error)
     except TrainingDiverged as error:

@@ -35,8 +35,9 @@ with finished folders only (a run with no finished run of its dataset to judge
 from starts while any time is left, and says it may not finish); `--archive
 FILE.tar.gz` then packs the finished run folders (without checkpoints) for the
 trip home, where unpacking them into the results folder adds them to the table.
-Each ablation run whose settings equal a variant row's (m = the profile's m)
-is that row's folder, not a second copy.
+`--keep-epochs K ...` keeps those epochs' weights in each run's epochs/ (train.py's
+option; not archived). Each ablation run whose settings equal a variant row's (m =
+the profile's m) is that row's folder, not a second copy.
 
 The queue runs the main table first, dataset by dataset, all seeds of a row
 before the next row, so that whole cells of the main table finish first; then
@@ -66,7 +67,7 @@ from experiments.benchmark_profiles import get_profile
 from experiments.cli import SELECTION_OPTIONS, expand_variants, fail, interruptible, out_of_memory, parser
 from experiments.history import read_history
 from experiments.metrics import read_metrics
-from experiments.run_config import RunError
+from experiments.run_config import RunError, check_keep_epochs
 from experiments.setting_ablations import SETTING_ABLATIONS
 from performer_keras.options import check_choice
 
@@ -385,7 +386,7 @@ def list_queue(jobs, root, profile, log=print, machine=None):
     log(line)
 
 
-def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None, device=None):
+def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None, device=None, keep_epochs=()):
     """Train every unfinished job in order; returns {"finished", "trained", "failed", "skipped", "no_time", "over_max_runs"} lists.
 
     A run that fails (another run's folder, bad data, divergence) is reported
@@ -397,6 +398,7 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None, de
     `device` (default: this process's, `latency.device_name()`) where there
     are any and from every device's otherwise; a run without a forecast (no
     finished run of its dataset) starts while any time is left, and says so.
+    `keep_epochs` keeps those epochs' weights in each run's epochs/ (`training.train`).
     """
     import keras
 
@@ -436,7 +438,7 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None, de
         log(f"{tag}: training")
         started = time.perf_counter()
         try:
-            metrics = train(job.config, folder, verbose=verbose)
+            metrics = train(job.config, folder, verbose=verbose, keep_epochs=keep_epochs)
         except (RunError, DataError, TrainingDiverged) as error:
             log(f"{tag}: failed: {error}")
             outcome["failed"].append(str(folder))
@@ -510,16 +512,18 @@ def pack_finished(jobs, root, archive):
     """Write the finished run folders of `jobs` into the .tar.gz `archive` (atomically); returns their number.
 
     Paths inside are relative to the profile's folder, so extracting the
-    archive there adds the runs; checkpoints (`best.keras`) and backups stay
-    behind, as in the committed results.
+    archive there adds the runs; checkpoints (`best.keras`, backups and the
+    epochs `--keep-epochs` kept) stay behind, as in the committed results.
     """
     from experiments.atomic import replacing
+    from experiments.checkpoints import KEPT_DIR
 
     finished = [job.folder(root) for job in jobs if is_finished(job, root)]
     with replacing(archive) as tmp, tarfile.open(tmp, "w:gz") as tar:
         for folder in finished:
             for path in sorted(folder.rglob("*")):
-                if path.is_file() and path.name != "best.keras" and "backup" not in path.relative_to(folder).parts:
+                parts = path.relative_to(folder).parts
+                if path.is_file() and path.name != "best.keras" and not {"backup", KEPT_DIR} & set(parts):
                     tar.add(path, arcname=str(path.relative_to(root)))
     return len(finished)
 
@@ -567,7 +571,7 @@ def drop_options(argv, names):
 
 def main(argv=None):
     args = parser("benchmark", __doc__, *SELECTION_OPTIONS, "max-runs", "max-minutes", "workers", "shard", "archive",
-                  "list", "verbose").parse_args(argv)
+                  "keep-epochs", "list", "verbose").parse_args(argv)
     # A run's settings are its profile's; what the command line sets is how many share the device.
     return interruptible("benchmark", lambda: run(args, sys.argv[1:] if argv is None else list(argv)),
                          remedy="lower --workers")
@@ -579,6 +583,8 @@ def run(args, argv=()):
             raise RunError("--workers and --shard exclude each other: --workers starts the shards itself")
         profile = get_profile(args.profile)
         selected = selected_jobs(args, profile)
+        for job in selected:
+            check_keep_epochs(args.keep_epochs, job.config.epochs, f"a {job.dataset} run of profile {profile.name!r}")
         # Keras (and its backend) load only once the selection is known to be good.
         import keras
 
@@ -610,7 +616,7 @@ def run(args, argv=()):
           flush=True)
     deadline = None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes
     outcome = run_queue(jobs, root, verbose=2 if args.verbose else 0, max_runs=args.max_runs,
-                        log=lambda line: print(line, flush=True), deadline=deadline)
+                        log=lambda line: print(line, flush=True), deadline=deadline, keep_epochs=args.keep_epochs)
     aggregated = write_aggregate(profile, args.results_dir, selected)
     print(f"trained {len(outcome['trained'])}, failed {len(outcome['failed'])}, skipped {len(outcome['skipped'])}, "
           f"left for lack of time {len(outcome['no_time'])}, left by --max-runs {len(outcome['over_max_runs'])}; "

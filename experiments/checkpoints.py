@@ -10,7 +10,10 @@ stopped and restarted many times, so these callbacks replace them:
   renames a new `backup/state.json` listing it first; the previous good state
   stays listed (and on disk) until the new one is complete. `restore` tries the
   listed states newest first and falls back, with one line, past any that does
-  not load.
+  not load. With `keep_epochs`, the backups of those epochs are also copied
+  (atomically, before `state.json` names them) into `epochs/`, which neither
+  the rotation nor the run's end removes: the only weights of an early epoch
+  that outlive the run (`experiments.favor_floor` measures them).
 * `BestCheckpoint` saves `best.keras` atomically when validation accuracy
   improves on everything the restored history has seen.
 * `HistoryWriter` rewrites `history.csv` atomically each epoch, so it always
@@ -33,6 +36,8 @@ from experiments import atomic
 from experiments.history import csv_text, read_history
 
 STATE_FILE = "state.json"
+# Beside backup/ in the run folder: the epochs that `--keep-epochs` asked to keep.
+KEPT_DIR = "epochs"
 # The newest state and the one before it: a corrupt newest file costs one epoch.
 KEPT_STATES = 2
 _FINISHED_SUFFIX = ".finished"
@@ -70,6 +75,16 @@ def restore(build_model, backup_dir, log=print):
     return build_model(), 0
 
 
+def weights_name(epoch):
+    """The file name of the weights after `epoch` epochs (1-based), in backup/ and in epochs/."""
+    return f"epoch{epoch:04d}.weights.h5"
+
+
+def missed_epochs(keep_epochs, epochs_done, kept_dir):
+    """The epochs of `keep_epochs` that a run with `epochs_done` epochs has trained but not kept in `kept_dir`."""
+    return sorted(k for k in set(keep_epochs) if k <= epochs_done and not (Path(kept_dir) / weights_name(k)).is_file())
+
+
 def finish(backup_dir):
     """Remove the backup once training ended; a rename first, so a kill midway never leaves half a backup."""
     backup_dir = Path(backup_dir)
@@ -84,16 +99,24 @@ class KillSafeBackup(keras.callbacks.Callback):
 
     Args:
         backup_dir: folder of the weights files and `state.json`.
+        keep_epochs: epochs (1-based) whose backup is also copied into `kept_dir`.
+        kept_dir: default `KEPT_DIR` beside `backup_dir`.
     """
 
-    def __init__(self, backup_dir):
+    def __init__(self, backup_dir, keep_epochs=(), kept_dir=None):
         super().__init__()
         self.backup_dir = Path(backup_dir)
+        self.keep_epochs = frozenset(keep_epochs)
+        self.kept_dir = Path(kept_dir) if kept_dir is not None else self.backup_dir.parent / KEPT_DIR
 
     def on_epoch_end(self, epoch, logs=None):
-        name = f"epoch{epoch + 1:04d}.weights.h5"
+        name = weights_name(epoch + 1)
         with atomic.replacing(self.backup_dir / name) as tmp:
             self.model.save_weights(tmp)
+        if epoch + 1 in self.keep_epochs:
+            # Before state.json names the backup: a kill in between retrains the epoch and copies it again.
+            with atomic.replacing(self.kept_dir / name) as tmp:
+                shutil.copyfile(self.backup_dir / name, tmp)
         states = [{"epoch": epoch + 1, "weights": name}]
         states += [s for s in saved_states(self.backup_dir) if s["weights"] != name][: KEPT_STATES - 1]
         atomic.write_json(self.backup_dir / STATE_FILE, {"states": states})

@@ -248,6 +248,9 @@ OPTIONS = {
                        help="data: split each batch over every local device (JAX, Keras' DataParallel)"),
     "out": dict(type=folder_arg, help="output folder (default: see the tool's description)"),
     "export": dict(type=folder_arg, help="also write a SavedModel (uint8 images -> probabilities) here"),
+    "keep-epochs": dict(type=positive_int, nargs="+", default=(), metavar="EPOCH",
+                        help="also keep the weights after these epochs in the run folder's epochs/, which outlives "
+                             "the backup (for python -m experiments.favor_floor)"),
     "results-dir": dict(type=folder_arg, default="results", help="parent of results/<profile>/ (default results)"),
     # The tuner.
     "algorithm": dict(default="hyperband", help="hyperband (default), bayesian or random"),

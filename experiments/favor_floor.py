@@ -1,6 +1,6 @@
 """How much of a trained model's FAVOR+ attention is left to its epsilon floor.
 
-    python -m experiments.favor_floor RUN RUN/backup/epoch0005.weights.h5 ... [--limit 256|all] [--out DIR]
+    python -m experiments.favor_floor RUN RUN/epochs/epoch0005.weights.h5 ... [--limit 256|all] [--out DIR]
         # -> DIR/favor_floor.json (DIR: the first checkpoint's run folder)
 
 FAVOR+ features are phi(x) = m^-1/2 (exp(w^T x' - |x'|^2/2 - M) + eps), with
@@ -27,7 +27,8 @@ checkpoint, on the first `--limit` test images (default `DEFAULT_EXAMPLES`):
   for rotations after the feature map, whose weights are not one product.
 
 A checkpoint is a run folder (its best.keras), a `.keras` file, or a
-`.weights.h5` of a run's `backup/` (loaded into its run's best.keras); the
+`.weights.h5` of a run's `backup/` or of the `epochs/` that train.py's and
+the benchmark's `--keep-epochs` keep (loaded into its run's best.keras); the
 epoch and validation accuracy of each come from its run's history.csv. Each
 is measured with its own stabilizer, or with `--stabilizer` for all (a model
 saved before the option existed has "logits").
@@ -63,8 +64,9 @@ def checkpoint_files(path):
         raise FloorError(f"{path} does not exist")
     if path.name.endswith(".weights.h5"):
         run = path.parent.parent
-        if path.parent.name != "backup" or not (run / "best.keras").is_file():
-            raise FloorError(f"{path} is not in the backup/ folder of a run folder with best.keras, whose model it needs")
+        if not (run / "best.keras").is_file():
+            raise FloorError(f"{path} is not in a folder (backup/, epochs/) of a run folder with best.keras, whose "
+                             f"model it needs")
         return run / "best.keras", path, run
     if path.suffix == ".keras":
         run = path.parent if (path.parent / "history.csv").is_file() else None

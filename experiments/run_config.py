@@ -229,6 +229,13 @@ class RunConfig:
         return cls(**values)
 
 
+def check_keep_epochs(keep_epochs, epochs, whose="the run"):
+    """RunError where `keep_epochs` (`--keep-epochs`) names an epoch that `whose` `epochs` epochs never reach."""
+    past = sorted(epoch for epoch in set(keep_epochs) if epoch > epochs)
+    if past:
+        raise RunError(f"--keep-epochs {' '.join(map(str, past))}: {whose} has {epochs} epoch{'s' * (epochs != 1)}")
+
+
 def read_hparams(path, what="hyperparameters file"):
     """(hyperparameters, searched) of a JSON of `RunConfig` fields; RunError (one line) if it is not one.
 

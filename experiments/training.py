@@ -5,6 +5,7 @@ A run folder holds:
     history.csv      one row per finished epoch (accuracy, loss, val_*, learning_rate, epoch_seconds)
     best.keras       the best checkpoint by validation accuracy
     backup/          the kill-safe training state while the run is unfinished (checkpoints.py)
+    epochs/          the weights of the epochs `keep_epochs` named (`--keep-epochs`), kept after the run
     provenance.json  the commit and backend of each training session (a resumed run lists several)
     logs/            TensorBoard scalars and HParams
     throughput.json  images/s of the input pipeline alone and of training
@@ -35,7 +36,7 @@ from experiments.metrics import read_metrics
 from experiments.models import load_model_only
 from performer_keras.registry import create_model, model_config
 from performer_keras.smoothed_sparse_crossentropy import SmoothedSparseCrossentropy
-from experiments.run_config import RunError
+from experiments.run_config import RunError, check_keep_epochs
 
 
 # Written into an export folder: which run it is an export of, so a rerun may replace it
@@ -292,10 +293,13 @@ def distribution(kind):
         keras.distribution.set_distribution(previous)
 
 
-def train(config, out_dir, verbose="auto", export_dir=None, distribute="none"):
+def train(config, out_dir, verbose="auto", export_dir=None, distribute="none", keep_epochs=()):
     """Train `config` into `out_dir` (resuming if unfinished) and return its metrics.
 
     `distribute` "data" trains on every local device (`distribution`).
+    `keep_epochs` (1-based) keeps those epochs' weights in `out_dir`/epochs/
+    (`checkpoints.KillSafeBackup`); an epoch trained before it was asked for
+    is said in one line on stderr.
 
     Raises:
         RunError: bad input; nothing existing was touched.
@@ -305,10 +309,12 @@ def train(config, out_dir, verbose="auto", export_dir=None, distribute="none"):
 
     use_compilation_cache()
     check_distribution(distribute, config.batch_size)
+    check_keep_epochs(keep_epochs, config.epochs)
     out_dir = check_run_folder(config, out_dir)
     if export_dir is None and (out_dir / "metrics.json").exists():
         metrics = read_metrics(out_dir)
         if metrics is not None:
+            say_missed_epochs(keep_epochs, config.epochs, out_dir)
             return metrics
         print(f"{out_dir / 'metrics.json'} cannot be read: measuring the run again")
     if export_dir is not None:
@@ -328,7 +334,9 @@ def train(config, out_dir, verbose="auto", export_dir=None, distribute="none"):
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json(out_dir / "config.json", config.to_dict())
         with distribution(distribute):
-            _train_model(config, splits, source, out_dir, verbose)
+            _train_model(config, splits, source, out_dir, verbose, keep_epochs)
+    else:
+        say_missed_epochs(keep_epochs, config.epochs, out_dir)
     if not (out_dir / "throughput.json").exists():
         write_throughput(config, splits or data.load_dataset(config.dataset, limit=config.limit), out_dir)
     if export_dir is not None:
@@ -339,6 +347,14 @@ def train(config, out_dir, verbose="auto", export_dir=None, distribute="none"):
         # Last, so a killed export is not taken for a finished one of this run.
         write_json(Path(export_dir) / EXPORT_RECORD, {"run": str(out_dir.resolve())})
     return evaluation.evaluate(out_dir)
+
+
+def say_missed_epochs(keep_epochs, epochs_done, out_dir):
+    """One line on stderr for the epochs of `keep_epochs` that were trained without being kept."""
+    missed = checkpoints.missed_epochs(keep_epochs, epochs_done, out_dir / checkpoints.KEPT_DIR)
+    if missed:
+        print(f"--keep-epochs: epoch {', '.join(map(str, missed))} of {out_dir} was trained before it was asked "
+              f"for and cannot be kept now", file=sys.stderr)
 
 
 def training_finished(config, out_dir):
@@ -458,12 +474,12 @@ def fit_model(model, config, splits, callbacks, initial_epoch=0, verbose=0):
     )
 
 
-def _train_model(config, splits, source, out_dir, verbose):
+def _train_model(config, splits, source, out_dir, verbose, keep_epochs=()):
     with dtype_policy(config.precision):
-        _fit(config, splits, source, out_dir, verbose)
+        _fit(config, splits, source, out_dir, verbose, keep_epochs)
 
 
-def _fit(config, splits, source, out_dir, verbose):
+def _fit(config, splits, source, out_dir, verbose, keep_epochs=()):
     def build():
         model = build_model(config, splits)
         if source is not None:
@@ -473,6 +489,7 @@ def _fit(config, splits, source, out_dir, verbose):
 
     backup_dir = out_dir / "backup"
     model, start_epoch = checkpoints.restore(build, backup_dir, log=lambda line: print(line, file=sys.stderr))
+    say_missed_epochs(keep_epochs, start_epoch, out_dir)
     best_so_far = history.cut_history(out_dir / "history.csv", start_epoch)
     record_provenance(out_dir, start_epoch, model.jit_compile)
 
@@ -486,7 +503,7 @@ def _fit(config, splits, source, out_dir, verbose):
         checkpoints.HistoryWriter(out_dir / "history.csv"),
         event_logs.EpochScalars(log_dir),
         # Last, so an epoch counts as finished only once everything above is written.
-        checkpoints.KillSafeBackup(backup_dir),
+        checkpoints.KillSafeBackup(backup_dir, keep_epochs),
     ]
     fit_model(model, config, splits, callbacks, initial_epoch=start_epoch, verbose=verbose)
 

@@ -802,6 +802,8 @@ def test_max_minutes_starts_only_runs_the_time_left_can_finish_and_archive_packs
     outcome = benchmark.run_queue(jobs, root, deadline=time.monotonic() + 20, log=lambda line: None)
     assert outcome["no_time"] == [str(second.folder(root)), str(fourth.folder(root))]
     assert outcome["trained"] == outcome["failed"] == outcome["skipped"] == []
+    (first.folder(root) / "epochs").mkdir()  # what --keep-epochs keeps stays behind, as best.keras does
+    (first.folder(root) / "epochs" / "epoch0001.weights.h5").write_bytes(b"weights")
     assert benchmark.pack_finished(jobs, root, tmp_path / "runs.tar.gz") == 2
     with tarfile.open(tmp_path / "runs.tar.gz") as tar:
         names = sorted(tar.getnames())
@@ -978,18 +980,19 @@ def test_two_workers_share_the_queue_and_the_parent_aggregates_and_archives(tmp_
 
     archive = tmp_path / "runs.tar.gz"
     assert benchmark.main(["--profile", "tiny", "--results-dir", str(tmp_path), "--workers", "2",
-                           "--archive", str(archive)]) == 0
+                           "--archive", str(archive), "--keep-epochs", "1"]) == 0
     profile = get_profile("tiny")
     jobs = benchmark.plan(profile, tmp_path)
     root = benchmark.profile_root(tmp_path, profile)
     assert all(benchmark.is_finished(job, root) for job in jobs)
     sessions = [json.loads((job.folder(root) / "provenance.json").read_text())["sessions"] for job in jobs]
     assert all(len(s) == 1 for s in sessions)  # each run trained once, by one worker
+    assert all((job.folder(root) / "epochs" / "epoch0001.weights.h5").is_file() for job in jobs)  # passed on to each
     assert json.loads((root / "aggregate.json").read_text())["runs"]["finished"] == len(jobs)
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
     assert {str(job.folder(root).relative_to(root) / "metrics.json") for job in jobs} <= names
-    assert not any(name.endswith("best.keras") or "/backup/" in name for name in names)
+    assert not any(name.endswith("best.keras") or "/backup/" in name or "/epochs/" in name for name in names)
     assert benchmark.drop_options(["--workers", "2", "--archive=x.tar.gz", "--seeds", "0"], ("--workers", "--archive")) \
         == ["--seeds", "0"]
 

@@ -138,7 +138,7 @@ def test_main_writes_one_record_per_checkpoint(favor_run):
 
 @pytest.mark.parametrize("case, message", [
     ("missing", "does not exist"),
-    ("loose-weights", "is not in the backup/ folder of a run folder"),
+    ("loose-weights", "is not in a folder (backup/, epochs/) of a run folder with best.keras"),
     ("softmax", "has no FAVOR+ attention layer"),
     ("bare-keras", "is not in a run folder; give --out"),
     ("bare-keras-out", "no run config.json to take the dataset from; give --dataset"),

@@ -228,6 +228,57 @@ def test_finished_run_is_not_trained_again(softmax_run):
     assert (softmax_run / "best.keras").stat().st_mtime_ns == checkpoint
 
 
+def test_kept_epochs_are_the_backups_of_their_epochs_and_survive_rotation(tmp_path):
+    import keras
+
+    from experiments.checkpoints import KEPT_STATES, KillSafeBackup
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    backup = KillSafeBackup(tmp_path / "run" / "backup", keep_epochs=[1, 3])
+    backup.set_model(model)
+    written = {}
+    for epoch in range(4):
+        model.layers[0].kernel.assign(np.full((3, 2), float(epoch), "float32"))
+        backup.on_epoch_end(epoch)
+        written[epoch + 1] = (tmp_path / "run" / "backup" / f"epoch{epoch + 1:04d}.weights.h5").read_bytes()
+    assert len(list((tmp_path / "run" / "backup").glob("*.h5"))) == KEPT_STATES  # epochs 3 and 4
+    backup.on_train_end()
+    assert not (tmp_path / "run" / "backup").exists()
+    kept = tmp_path / "run" / "epochs"
+    assert sorted(path.name for path in kept.iterdir()) == ["epoch0001.weights.h5", "epoch0003.weights.h5"]
+    assert [(kept / f"epoch{k:04d}.weights.h5").read_bytes() for k in (1, 3)] == [written[1], written[3]]
+    model.load_weights(kept / "epoch0001.weights.h5")
+    np.testing.assert_array_equal(model.layers[0].kernel, np.zeros((3, 2)))
+
+
+def test_keep_epochs_keeps_them_for_favor_floor_and_says_which_it_cannot(tmp_path, capsys):
+    from experiments import favor_floor
+    from experiments.checkpoints import missed_epochs
+
+    args = [*TINY, "--variant", "favor-absolute", "--epochs", "3", "--out", tmp_path / "run"]
+    train_ok(*args, "--keep-epochs", "1", "3")
+    kept = tmp_path / "run" / "epochs"
+    assert sorted(path.name for path in kept.iterdir()) == ["epoch0001.weights.h5", "epoch0003.weights.h5"]
+    assert not (tmp_path / "run" / "backup").exists()
+
+    assert favor_floor.main([str(kept / "epoch0001.weights.h5"), str(kept / "epoch0003.weights.h5"), "--limit", "8"]) == 0
+    first, last = json.loads((tmp_path / "run" / "favor_floor.json").read_text())["checkpoints"]
+    with open(tmp_path / "run" / "history.csv") as f:
+        validation = [float(row["val_accuracy"]) for row in csv.DictReader(f)]
+    assert (first["epoch"], first["val_accuracy"], last["epoch"], last["val_accuracy"]) == (1, validation[0], 3,
+                                                                                              validation[2])
+    assert first["layers"] != last["layers"]  # two epochs' weights, not one file twice
+
+    # Asked again of the finished run: epoch 2 was never kept, and it says so in one line.
+    capsys.readouterr()
+    train_ok(*args, "--keep-epochs", "2", "3")
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "--keep-epochs" in line] == [
+        f"--keep-epochs: epoch 2 of {tmp_path / 'run'} was trained before it was asked for and cannot be kept now"]
+    # A run resuming after epoch 2 has trained epochs 1 and 2; what it kept is not missed.
+    assert missed_epochs([1, 2, 3], 2, kept) == [2]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
