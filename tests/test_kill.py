@@ -26,11 +26,14 @@ EPOCHS = 5
 # Without XLA: what is tested is the files, and 48 processes each skip a compilation (about a
 # fifth of a run here). test_train.py resumes a run killed under XLA, train.py's default.
 ARGS = ["--variant", "favor-absolute", "--size", "tiny", "--limit", "400", "--batch-size", "32",
-        "--epochs", str(EPOCHS), "--redraw-interval", "5", "--no-jit-compile"]
-# Every write of a run, in order: 2 at the start, 3 per epoch, best.keras, 3 at the end.
+        "--epochs", str(EPOCHS), "--redraw-interval", "5", "--no-jit-compile", "--keep-epochs", "2"]
+KEPT = "epoch0002.weights.h5"
+# Every write of a run, in order: 2 at the start, 3 per epoch (epoch 2's backup is then copied into
+# epochs/, the second write of its name), best.keras, 3 at the end.
 MOMENTS = (
     ["config.json:1", "provenance.json:1"]
-    + [moment for k in range(1, EPOCHS + 1) for moment in (f"history.csv:{k}", f"epoch{k:04d}.weights.h5:1", f"state.json:{k}")]
+    + [moment for k in range(1, EPOCHS + 1)
+       for moment in (f"history.csv:{k}", f"epoch{k:04d}.weights.h5:1", *[f"{KEPT}:2"] * (k == 2), f"state.json:{k}")]
     + ["best.keras:1", "throughput.json:1", "metrics.json:1", "confusion_matrix.png:1"]
 )
 
@@ -82,11 +85,13 @@ def assert_same(out, uninterrupted):
     assert [epoch for epoch, _ in rows] == list(range(EPOCHS))
     assert [acc for _, acc in rows] == pytest.approx([acc for _, acc in uninterrupted[2]], abs=1e-6)
     assert not (out / "backup").exists()
+    assert [path.name for path in (out / "epochs").iterdir()] == [KEPT]
     assert json.loads((out / "throughput.json").read_text())["training_images_per_second"] > 0
 
 
-def test_there_are_at_least_20_moments():
+def test_there_are_at_least_20_moments_and_the_readme_counts_them():
     assert len(MOMENTS) >= 20
+    assert f"inside each of its {len(MOMENTS)} file writes" in (REPO / "README.md").read_text()
 
 
 @pytest.mark.parametrize("moment", MOMENTS)
