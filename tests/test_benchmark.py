@@ -757,16 +757,16 @@ def test_runs_past_max_runs_are_left_as_asked_not_skipped_and_the_exit_status_is
     root = benchmark.profile_root(tmp_path, profile)
     trained = []
 
-    def fake_train(config, folder, verbose=0):
-        trained.append(str(folder))
+    def fake_train(config, folder, verbose=0, keep_epochs=()):
+        trained.append((str(folder), keep_epochs))
         return {"test_accuracy": 0.5}
 
-    argv = ["--profile", "tiny", "--results-dir", str(tmp_path), "--max-runs", "1"]
+    argv = ["--profile", "tiny", "--results-dir", str(tmp_path), "--max-runs", "1", "--keep-epochs", "1"]
     with mock.patch("experiments.training.train", side_effect=fake_train), \
             mock.patch.object(benchmark, "write_aggregate", return_value={"runs": {"finished": 0, "planned": 4}}):
         assert benchmark.main(argv) == 0
     jobs = benchmark.plan(profile, tmp_path)
-    assert trained == [str(jobs[0].folder(root))]
+    assert trained == [(str(jobs[0].folder(root)), [1])]
     assert "trained 1, failed 0, skipped 0, left for lack of time 0, left by --max-runs 3;" in capsys.readouterr().out
     outcome = benchmark.run_queue(jobs, root, max_runs=0, log=lambda line: None)
     assert outcome["over_max_runs"] == [str(job.folder(root)) for job in jobs] and outcome["skipped"] == []
@@ -816,7 +816,7 @@ def test_a_run_out_of_memory_fails_alone_and_the_queue_goes_on(tmp_path):
     root = benchmark.profile_root(tmp_path, get_profile("tiny"))
     trained = []
 
-    def train(config, folder, verbose=0):
+    def train(config, folder, verbose=0, keep_epochs=()):
         trained.append(folder)
         if len(trained) == 1:
             raise MemoryError("Unable to allocate 3 TiB")
