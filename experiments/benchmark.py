@@ -361,6 +361,11 @@ def elsewhere_text(forecast):
             f"device has finished none like them")
 
 
+def row_has_finished(job, root):
+    """True where a run of `job`'s own row (its cell, any seed, any device) is finished."""
+    return any(read_metrics(folder) is not None for folder in job.folder(root).parent.glob("seed*"))
+
+
 def list_queue(jobs, root, profile, log=print, machine=None):
     """Print each run's state, the queued runs' forecast minutes (`forecast`, for `machine` where it ran any) and their sum."""
     left = forecast(jobs, root, profile, machine)
@@ -371,7 +376,10 @@ def list_queue(jobs, root, profile, log=print, machine=None):
             continue
         key = str(folder.relative_to(root))
         minutes = left["minutes"][key]
-        other = ", from other devices' runs" if key in left["elsewhere"] else ""
+        # A row's own runs time it best; another row's (m = 256 from m = 128's, say) may be far off.
+        others = [what for what, other in (("rows'", not row_has_finished(job, root)),
+                                           ("devices'", key in left["elsewhere"])) if other]
+        other = f", from other {' and other '.join(others)} runs" if others else ""
         log(f"queued    {folder}" + ("" if minutes is None else f"  (about {minutes:.0f} min{other})"))
     finished = len(jobs) - left["runs"]
     line = f"{finished} of {len(jobs)} runs finished"

@@ -902,7 +902,7 @@ def test_a_deadline_and_the_forecast_read_the_runs_of_one_device_first(tmp_path)
     lines = []
     benchmark.list_queue([first, second, third, fourth, cifar], root, profile, log=lines.append)
     assert lines[1] == f"queued    {second.folder(root)}  (about 0 min)"
-    assert lines[4] == f"queued    {cifar.folder(root)}  (about 15 min, from other devices' runs)"
+    assert lines[4] == f"queued    {cifar.folder(root)}  (about 15 min, from other rows' and other devices' runs)"
     elsewhere = "; 1 of them, 0.2 of those hours, from other devices' runs, as that device has finished none like them"
     assert lines[-1].endswith(elsewhere)
     assert f"{elsewhere}; `--list`" in report.forecast_lines(left)[0]
@@ -955,6 +955,8 @@ def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tm
     lines = []
     benchmark.list_queue(jobs, root, profile, log=lines.append)
     assert lines[:2] == [f"finished  {first.folder(root)}", f"queued    {second.folder(root)}  (about 20 min)"]
+    # favor-absolute has no finished run of its own: its time is softmax-absolute's, and the line says so.
+    assert lines[2] == f"queued    {third.folder(root)}  (about 20 min, from other rows' runs)"
     assert lines[-1].startswith("1 of 4 runs finished; the 3 queued runs with a forecast need about 1.0 hours")
     # The same forecast, per part of the queue, reaches aggregate.json and the report.
     left = benchmark.report_header(profile, tmp_path)["forecast"]
