@@ -321,6 +321,9 @@ def test_every_variant_searches_regularisation_only_when_asked():
         ("label_smoothing=-0.1:0.1", "label_smoothing must be in [0, 1)"),
         ("dropout=0.3:0.1", "range of dropout is empty"),
         ("learning_rate=0:1e-3", "log-uniform range of learning_rate needs 0 < low"),
+        ("learning_rate=1e-3:inf", "learning_rate takes finite values, got 'inf'"),
+        ("weight_decay=0.1,inf", "weight_decay takes finite values, got 'inf'"),
+        ("dropout=nan", "dropout takes finite values, got 'nan'"),
     ]:
         with pytest.raises(SearchError, match=re.escape(message)):
             search_spaces.parse_overrides([bad])
@@ -328,6 +331,7 @@ def test_every_variant_searches_regularisation_only_when_asked():
         ("dropout", {"log_uniform": [0.1, 0.3]}, "dropout takes a uniform range, not log_uniform"),
         ("learning_rate", {"uniform": [1e-4, 1e-3]}, "learning_rate takes a log_uniform range, not uniform"),
         ("num_features", {"uniform": [16, 64]}, "num_features takes a list of values, not uniform"),
+        ("learning_rate", {"log_uniform": [1e-4, float("inf")]}, "learning_rate takes finite values, got inf"),
     ]:
         with pytest.raises(SearchError, match=re.escape(message)):
             search_spaces.parse_dimension(name, value)
@@ -383,6 +387,14 @@ def test_spaces_narrow_and_widen_from_the_command_line_and_a_file(tmp_path):
     for bad in (["num_features=16:64"], ["num_features=0"], ["num_features=32,32"], ["weight_decay=-1"], ["learning_rate"]):
         with pytest.raises(SearchError):
             search_spaces.parse_overrides(bad)
+    # The file's value yields to the command line's, but two on the command line are refused: the later one
+    # silently replaced the earlier.
+    assert search_spaces.parse_overrides(["num_features=16"], path)["num_features"] == Choice((16,))
+    with pytest.raises(SearchError, match=re.escape("--space gives num_features twice; give its values once")):
+        search_spaces.parse_overrides(["num_features=32", " num_features =64"])
+    path.write_text('{"learning_rate": [1e-3, Infinity]}')  # Python's json reads JSON's Infinity as inf
+    with pytest.raises(SearchError, match="learning_rate takes finite values, got inf"):
+        search_spaces.parse_overrides((), path)
 
 
 @pytest.mark.slow

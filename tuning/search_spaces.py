@@ -43,6 +43,7 @@ Keys are `RunConfig` field names, so a trial's hyperparameters are a
 
 import dataclasses
 import json
+import math
 
 from performer_keras.options import check_fraction
 from performer_keras.registry import KERNEL_TABLE
@@ -190,7 +191,8 @@ def describe(space):
 def parse_overrides(pairs=(), space_file=None):
     """{name: dimension} from `--space NAME=VALUES` pairs and a `--space-file` JSON.
 
-    The command line wins over the file for the same name.
+    The command line wins over the file for the same name; a name given
+    twice on the command line is an error.
     """
     overrides = {}
     if space_file is not None:
@@ -203,11 +205,16 @@ def parse_overrides(pairs=(), space_file=None):
             raise SearchError(f"--space-file {space_file} must hold a JSON object {{name: values}}")
         for name, value in loaded.items():
             overrides[name] = parse_dimension(name, value)
+    given = set()
     for pair in pairs:
         name, sep, text = pair.partition("=")
         if not sep:
             raise SearchError(f"--space takes NAME=VALUES (e.g. num_features=32,64), got {pair!r}")
-        overrides[name.strip()] = parse_dimension(name.strip(), text)
+        name = name.strip()
+        if name in given:  # which of the two the user meant is not ours to guess
+            raise SearchError(f"--space gives {name} twice; give its values once (e.g. {name}=32,64)")
+        given.add(name)
+        overrides[name] = parse_dimension(name, text)
     return overrides
 
 
@@ -268,6 +275,9 @@ def _number(name, kind, value):
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
             return int(value) if not isinstance(value, str) else int(value.strip())
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise SearchError(f"{name} takes {kind.__name__} values, got {value!r}") from None
+    if not math.isfinite(number):  # 'inf' and JSON's Infinity pass every bound check, then train on an infinite rate
+        raise SearchError(f"{name} takes finite values, got {value!r}")
+    return number
