@@ -193,8 +193,17 @@ def limit_arg(text):
     return text if text == "all" else positive_int(text)
 
 
+class Distinct(argparse.Action):
+    """Store a list option's values with repeats dropped, in order: a seed, dataset, epoch or token count
+    named twice would train, keep or measure the same thing twice (and write one result over the other)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, list(dict.fromkeys(values)))
+
+
 _FLAG = dict(action="store_true")
 _SWITCH = dict(action=argparse.BooleanOptionalAction, default=None)
+_LIST = dict(nargs="+", action=Distinct)
 
 # Option name (without "--") -> argparse keywords. Keep one line per option.
 OPTIONS = {
@@ -202,9 +211,9 @@ OPTIONS = {
     "variant": dict(help="kernel-position, e.g. favor-rope (see train.py --list-variants)"),
     "attention": dict(help="softmax, favor, relu, exp or linformer (with --position, instead of --variant)"),
     "position": dict(help="absolute, rope, string or kerple (with --attention, instead of --variant)"),
-    "variants": dict(type=variant_arg, nargs="+", metavar="VARIANT", help="variant names; 'all': the twelve of the comparison"),
+    "variants": dict(type=variant_arg, **_LIST, metavar="VARIANT", help="variant names; 'all': the twelve of the comparison"),
     "dataset": dict(type=given_arg, help="mnist or cifar10 (bundled), a .npz in the keras.datasets layout, a folder of images with one subfolder per class, or a tensorflow-datasets name"),
-    "datasets": dict(type=given_arg, nargs="+", metavar="DATASET", help="dataset names (default: the profile's)"),
+    "datasets": dict(type=given_arg, **_LIST, metavar="DATASET", help="dataset names (default: the profile's)"),
     "limit": dict(type=limit_arg, help="only the first N examples of each split; 'all' lifts a limit set elsewhere"),
     "augment": dict(help="none, rotate, rotate_shift (rotate, then move up to 3 pixels) or crop_flip (default: rotate for grayscale, crop_flip for colour)"),
     # The model.
@@ -238,7 +247,7 @@ OPTIONS = {
                                             "(default 0: no dropout layer)"),
     "label-smoothing": dict(type=finite_float, help="label smoothing of the cross-entropy, in [0, 1) (default 0)"),
     "seed": dict(type=seed_arg, help="seed of the data order, initialisation and features"),
-    "seeds": dict(type=seed_arg, nargs="+", metavar="SEED", help="the seeds to run (default: the tool's)"),
+    "seeds": dict(type=seed_arg, **_LIST, metavar="SEED", help="the seeds to run (default: the tool's)"),
     "hparams": dict(type=given_arg, help="JSON of hyperparameters (e.g. the tuner's best_hparams.json); explicit flags win"),
     "init-from": dict(type=given_arg, help="a .keras checkpoint or a run folder (its best.keras) to copy matching weights from"),
     "init-from-partial": dict(action="store_true", default=None,
@@ -248,7 +257,7 @@ OPTIONS = {
                        help="data: split each batch over every local device (JAX, Keras' DataParallel)"),
     "out": dict(type=folder_arg, help="output folder (default: see the tool's description)"),
     "export": dict(type=folder_arg, help="also write a SavedModel (uint8 images -> probabilities) here"),
-    "keep-epochs": dict(type=positive_int, nargs="+", default=(), metavar="EPOCH",
+    "keep-epochs": dict(type=positive_int, **_LIST, default=(), metavar="EPOCH",
                         help="also keep the weights after these epochs in the run folder's epochs/, which outlives "
                              "the backup (for python -m experiments.favor_floor)"),
     "results-dir": dict(type=folder_arg, default="results", help="parent of results/<profile>/ (default results)"),
@@ -263,7 +272,7 @@ OPTIONS = {
     "quiet": dict(**_FLAG, help="no per-trial output"),
     # The benchmark.
     "profile": dict(default="small", help="a profile of experiments/benchmark_profiles.py (default small)"),
-    "experiments": dict(nargs="+", help="some of variants, init_from, num_features, normalize_qk, learning_rate, "
+    "experiments": dict(**_LIST, help="some of variants, init_from, num_features, normalize_qk, learning_rate, "
                                         "stabilizer (default: all)"),
     "max-runs": dict(type=non_negative_int, help="stop after training this many runs (with --workers, in all)"),
     "max-minutes": dict(type=positive_float, help="start no run that the time left cannot finish, judged by the "
@@ -280,22 +289,22 @@ OPTIONS = {
     "verbose": dict(**_FLAG, help="Keras progress lines for every epoch"),
     # Cost profiles.
     "baseline": dict(type=checkout_arg, help="a checkout of another commit whose train.py path to measure alongside this one"),
-    "backends": dict(nargs="+", choices=BACKENDS, help="the backends to measure (default: both)"),
+    "backends": dict(**_LIST, choices=BACKENDS, help="the backends to measure (default: both)"),
     "compare-huge-pages": dict(action="store_true",
                                help="also time every subject with and without huge pages for XLA's buffers"),
     "roofline": dict(action="store_true",
                      help="also time float matmuls (large square ones and the ViT's own shapes) and read each "
                           "subject's FLOPs per second against them"),
     "rounds": dict(type=positive_int, help="timed rounds after the warm-up one (default: the profile's)"),
-    "worker-counts": dict(type=positive_int, nargs="+", metavar="N",
+    "worker-counts": dict(type=positive_int, **_LIST, metavar="N",
                           help="also time train.py's path in N processes at once on one accelerator, for each N"),
     "burn-in": dict(type=non_negative_int, default=1, help="untimed steps after the compiling one (default 1)"),
     "steps": dict(type=positive_int, default=3, help="timed training steps (default 3)"),
     "trace-steps": dict(type=non_negative_int, default=2, help="training steps traced by the profiler (0: none)"),
-    "tokens": dict(type=positive_int, nargs="+", metavar="N",
+    "tokens": dict(type=positive_int, **_LIST, metavar="N",
                    help="patches of the scaling grids (the CLS token adds one; default 64 .. 16384)"),
-    "model-tokens": dict(type=positive_int, nargs="+", metavar="N", help="patches for the model scope (default: --tokens)"),
-    "scopes": dict(nargs="+", help="scaling scopes: layer, model (default both)"),
+    "model-tokens": dict(type=positive_int, **_LIST, metavar="N", help="patches for the model scope (default: --tokens)"),
+    "scopes": dict(**_LIST, help="scaling scopes: layer, model (default both)"),
     "fused-softmax": dict(**_FLAG, help="also sweep softmax through ops.dot_product_attention (flash where available)"),
     "scaling-steps": dict(type=positive_int, default=3, help="timed calls per scaling point (default 3)"),
     "max-seconds": dict(type=positive_float, default=20.0,

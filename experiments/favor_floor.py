@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.cli import command_line, fail, parser, start_backend
+from experiments.cli import Distinct, command_line, fail, parser, start_backend
 from performer_keras.options import STABILIZERS, check_choice
 
 FLOOR_FACTOR = 2.0  # phi < FLOOR_FACTOR eps m^-1/2: the exponential part is under eps
@@ -183,7 +183,7 @@ def measure(path, examples, dataset=None, stabilizer=None):
 def main(argv=None):
     prog = "python -m experiments.favor_floor"
     cli = parser(prog, __doc__, "dataset", "limit", "stabilizer", "out")
-    cli.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT")
+    cli.add_argument("checkpoints", nargs="+", action=Distinct, metavar="CHECKPOINT")
     args = cli.parse_args(argv)
     examples = DEFAULT_EXAMPLES if args.limit is None else None if args.limit == "all" else args.limit
     try:

@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from experiments.cli import fail, parser, start_backend
+from experiments.cli import Distinct, fail, parser, start_backend
 
 start_backend("rebuild_logs")  # before the imports below load Keras: drops TensorFlow's start-up log
 
@@ -79,7 +79,7 @@ def rebuild(folder):
 
 def main(argv=None):
     cli = parser("rebuild_logs", __doc__)
-    cli.add_argument("folders", nargs="+", metavar="RUN_FOLDER", help="finished run folders without logs/")
+    cli.add_argument("folders", nargs="+", action=Distinct, metavar="RUN_FOLDER", help="finished run folders without logs/")
     folders = cli.parse_args(argv).folders
     try:
         for folder in folders:  # all checked before any is written

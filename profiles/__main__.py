@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from experiments import atomic
-from experiments.cli import command_line, expand_variants, fail, interruptible, parser, variant_arg
+from experiments.cli import Distinct, command_line, expand_variants, fail, interruptible, parser, variant_arg
 from performer_keras.options import check_choice
 from performer_keras.registry import list_variants, model_config, parse_variant
 from profiles import BENCH_BATCH, BENCH_DATASETS, BENCH_SIZE, DEFAULT_PATCHES, SCOPES
@@ -37,7 +37,7 @@ DEFAULTS = dict(datasets=[BENCH_DATASETS[0]], size=BENCH_SIZE, batch_size=BENCH_
 def parse_args(argv=None):
     """The command line with the defaults of `DEFAULTS` filled in; bad values exit 2 with one line."""
     cli = parser(PROG, __doc__, *OPTIONS)
-    cli.add_argument("variants", type=variant_arg, nargs="*", metavar="VARIANT",
+    cli.add_argument("variants", type=variant_arg, nargs="*", action=Distinct, metavar="VARIANT",
                      help="registry names such as favor-rope, or all (default: the twelve of list_variants())")
     args = cli.parse_args(argv)
     for name, default in DEFAULTS.items():

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from experiments.cli import command_line, expand_variants, parser, start_backend, variant_arg
+from experiments.cli import Distinct, command_line, expand_variants, parser, start_backend, variant_arg
 
 start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
@@ -104,7 +104,7 @@ def record_name(seeds):
 
 def main(argv=None):
     cli = parser("python -m profiles.precision", __doc__, "out", "seeds")
-    cli.add_argument("variants", type=variant_arg, nargs="*", metavar="VARIANT",
+    cli.add_argument("variants", type=variant_arg, nargs="*", action=Distinct, metavar="VARIANT",
                      help="registry names such as favor-rope, or all (default: the twelve of list_variants())")
     args = cli.parse_args(argv)
     seeds = sorted(set(args.seeds or [0]))

@@ -65,6 +65,28 @@ def test_every_option_is_declared_once_in_the_option_table():
     assert all(name == name.lower() and not name.startswith("-") for name in OPTIONS)
 
 
+def test_every_list_option_drops_its_repeats_in_order():
+    from experiments import cli
+
+    # A seed, dataset, epoch or token count named twice trained, kept or measured the same thing twice.
+    lists = {name for name, keywords in cli.OPTIONS.items() if keywords.get("nargs") in ("+", "*")}
+    assert {"seeds", "datasets", "keep-epochs", "tokens", "variants"} <= lists
+    assert all(cli.OPTIONS[name]["action"] is cli.Distinct for name in lists)
+    positional = []
+    for path in sources(*HARNESS):  # the tools' own list arguments
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+                keywords = {keyword.arg: keyword.value for keyword in node.keywords}
+                if getattr(keywords.get("nargs"), "value", None) in ("+", "*"):
+                    positional.append(path.name)
+                    assert getattr(keywords.get("action"), "id", None) == "Distinct", f"{path.name}: {ast.unparse(node)}"
+    assert {"favor_floor.py", "__main__.py"} <= set(positional)
+    parsed = cli.parser("tool", "", "seeds", "datasets", "keep-epochs", "tokens").parse_args(
+        ["--seeds", "2", "0", "2", "--datasets", "mnist", "cifar10", "mnist", "--keep-epochs", "3", "1", "3",
+         "--tokens", "64", "64"])
+    assert (parsed.seeds, parsed.datasets, parsed.keep_epochs, parsed.tokens) == ([2, 0], ["mnist", "cifar10"], [3, 1], [64])
+
+
 @pytest.mark.slow
 def test_a_tool_that_loaded_tensorflow_still_fails_in_one_line():
     result = subprocess.run(
