@@ -55,6 +55,9 @@ def parse_args(argv=None):
             check_choice("scope", scope, SCOPES)
     except ValueError as error:
         cli.exit(fail(PROG, error))
+    if args.skip_bench and args.skip_scaling and not args.report_only:  # else a run that measured nothing joins run.json
+        cli.exit(fail(PROG, "--skip-bench and --skip-scaling together leave nothing to measure; --report-only "
+                            "rewrites the summary from the results there"))
     return args
 
 
