@@ -240,6 +240,30 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, message, capsys, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("environment, message", [
+    # KerasTuner tuned alone here: workers started so each ran the whole search into the same folder.
+    (dict(KERASTUNER_TUNER_ID="worker0"), "KERASTUNER_TUNER_ID set without KERASTUNER_ORACLE_IP"),
+    (dict(KERASTUNER_ORACLE_PORT="8000", KERASTUNER_TUNER_ID="chief"),
+     "KERASTUNER_ORACLE_PORT and KERASTUNER_TUNER_ID set without KERASTUNER_ORACLE_IP"),
+    # KerasTuner raised a traceback here, and waited for ever on a port it could not read.
+    (dict(KERASTUNER_ORACLE_IP="127.0.0.1"), "KERASTUNER_ORACLE_PORT must be the chief's port, 1 to 65535, beside "
+                                               "KERASTUNER_ORACLE_IP; got None"),
+    (dict(KERASTUNER_ORACLE_IP="127.0.0.1", KERASTUNER_ORACLE_PORT="abc"), "got 'abc'"),
+    (dict(KERASTUNER_ORACLE_IP="127.0.0.1", KERASTUNER_ORACLE_PORT="65536"), "got '65536'"),
+    (dict(KERASTUNER_ORACLE_IP=" ", KERASTUNER_ORACLE_PORT="8000"), "KERASTUNER_ORACLE_IP is empty"),
+])
+def test_a_distributed_search_refuses_variables_that_cannot_work_together(environment, message, capsys, tmp_path,
+                                                                          monkeypatch):
+    for name in ("KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT", "KERASTUNER_TUNER_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert tune(["favor-rope", "--size", "tiny", "--limit", "300", "--epochs", "1", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m tuning: error: ") and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("change", [["--max-trials", "4"], ["--seed", "7"], ["--space", "num_features=32,64"]])
 def test_a_different_search_in_the_same_folder_is_refused(search, change, capsys):

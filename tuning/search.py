@@ -285,6 +285,7 @@ def run_search(search, out_dir, verbose=1, splits=None):
         SearchFailed: no trial finished.
     """
     out_dir = Path(out_dir)
+    role = distributed_role()
     check_search_folder(search, out_dir)
     config = search.base_config
     if splits is None:
@@ -297,7 +298,7 @@ def run_search(search, out_dir, verbose=1, splits=None):
     atomic.write_json(out_dir / SEARCH_FILE, search.to_json())
     tuner = VitTuner(oracle, hypermodel, out_dir)
     tuner.search(verbose=verbose)
-    if distributed_role() == "worker":
+    if role == "worker":
         return None  # the chief holds the oracle: it summarises, confirms and writes best_hparams.json
 
     rows = collect_trials(tuner)
@@ -357,10 +358,25 @@ def distributed_role():
     service; KERASTUNER_TUNER_ID is "chief" in the process that runs it and a
     unique name in each worker. The chief's `search` serves trials until the
     search is done; workers ask it for trials and train them.
+
+    Raises SearchError where the variables cannot work together: without
+    KERASTUNER_ORACLE_IP KerasTuner ignores the other two and tunes alone, so
+    workers started so would each run the whole search into one folder; a
+    missing or malformed port made KerasTuner raise a traceback or wait for ever.
     """
-    if "KERASTUNER_ORACLE_IP" not in os.environ:
+    address, port, tuner = (os.environ.get(f"KERASTUNER_{name}") for name in ("ORACLE_IP", "ORACLE_PORT", "TUNER_ID"))
+    if address is None:
+        given = [f"KERASTUNER_{name}" for name, value in (("ORACLE_PORT", port), ("TUNER_ID", tuner)) if value is not None]
+        if given:
+            raise SearchError(f"{' and '.join(given)} set without KERASTUNER_ORACLE_IP: a distributed search needs the "
+                              f"chief's address too; unset {' and '.join(given)} to tune alone")
         return None
-    return "chief" if os.environ.get("KERASTUNER_TUNER_ID", "chief").startswith("chief") else "worker"
+    if not address.strip():
+        raise SearchError("KERASTUNER_ORACLE_IP is empty: give the chief's address, or unset it to tune alone")
+    if port is None or not port.strip().isdigit() or not 0 < int(port) < 2**16:
+        raise SearchError(f"KERASTUNER_ORACLE_PORT must be the chief's port, 1 to 65535, beside KERASTUNER_ORACLE_IP; "
+                          f"got {port!r}")
+    return "chief" if (tuner or "chief").startswith("chief") else "worker"
 
 
 def _check_trainable(hypermodel):
