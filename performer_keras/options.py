@@ -37,15 +37,16 @@ def check_choice(argument, value, choices):
 
 def check_positive(argument, value):
     """Return `value` as an int if it is an integer >= 1 (NumPy's too), else raise a ValueError naming it."""
-    return _integer_at_least(argument, value, 1)
+    return check_integer_at_least(argument, value, 1)
 
 
 def check_non_negative(argument, value):
     """Return `value` as an int if it is an integer >= 0 (NumPy's too), else raise a ValueError naming it."""
-    return _integer_at_least(argument, value, 0)
+    return check_integer_at_least(argument, value, 0)
 
 
-def _integer_at_least(argument, value, low):
+def check_integer_at_least(argument, value, low):
+    """Return `value` as an int if it is an integer >= `low` (NumPy's too), else raise a ValueError naming it."""
     integer = _as_integer(value)
     if integer is None or integer < low:
         raise ValueError(f"{argument} must be an integer >= {low}, got {value!r}")

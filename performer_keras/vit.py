@@ -4,7 +4,7 @@ import keras
 
 from performer_keras.class_token import ClassToken
 from performer_keras.kernel_attention import KernelAttention
-from performer_keras.options import check_bool, check_fraction, check_positive
+from performer_keras.options import check_bool, check_fraction, check_integer_at_least, check_positive
 from performer_keras.position_embedding import PositionEmbedding
 from performer_keras.standardize import Standardize
 from performer_keras.step_dropout import StepDropout
@@ -66,9 +66,9 @@ def build_vit(
     for argument, value in dict(patch_size=patch_size, width=width, depth=depth, mlp_dim=mlp_dim).items():
         check_positive(argument, value)
     check_fraction("dropout", dropout)  # here, or StepDropout's error would name its own argument, "rate"
-    # A softmax over one class is 1 whatever the image: nothing to learn.
-    if check_positive("num_classes", num_classes) < 2:
-        raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+    # A softmax over one class is 1 whatever the image: nothing to learn. One bound for 0 and 1 alike, so
+    # a user who corrects 0 to 1 is not refused a second time with another bound.
+    check_integer_at_least("num_classes", num_classes, 2)
     if height % patch_size or img_width % patch_size:
         raise ValueError(f"image size {height}x{img_width} is not divisible by patch_size={patch_size}")
     grid = (height // patch_size, img_width // patch_size)

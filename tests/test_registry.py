@@ -207,7 +207,9 @@ def test_model_config_refuses_heads_that_do_not_divide_the_width():
     [
         (dict(patch_size=0), "patch_size must be an integer >= 1"),
         (dict(depth=0), "depth must be an integer >= 1"),
-        (dict(num_classes=1), "num_classes must be >= 2"),
+        (dict(num_classes=1), "num_classes must be an integer >= 2, got 1"),
+        (dict(num_classes=0), "num_classes must be an integer >= 2, got 0"),
+        (dict(num_classes=2.0), r"num_classes must be an integer >= 2, got 2\.0"),
         (dict(image_shape=(8, 8)), r"image_shape must be \(height, width, channels\), three integers >= 1, got \(8, 8\)"),
         (dict(image_shape=(8, 8, 0)), r"image_shape must be \(height, width, channels\)"),
         (dict(absolute_position="no"), "absolute_position must be True or False, got 'no'"),  # truthy to bool()
