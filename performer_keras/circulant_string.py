@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from performer_keras.options import check_finite, check_positions, check_rank
+from performer_keras.options import check_finite, check_float_dtype, check_positions, check_rank
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -35,6 +35,7 @@ class CirculantString(keras.layers.Layer):
 
     def __init__(self, initializer_stddev=0.5, **kwargs):
         super().__init__(**kwargs)
+        check_float_dtype(self)
         self.initializer_stddev = check_finite("initializer_stddev", initializer_stddev, low=0.0)
 
     def build(self, inputs_shape, positions_shape=None):

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from performer_keras.options import check_rank
+from performer_keras.options import check_float_dtype, check_rank
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -12,6 +12,10 @@ class ClassToken(keras.layers.Layer):
 
     Call arguments: inputs (batch, P, width). Returns (batch, 1 + P, width).
     """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        check_float_dtype(self)
 
     def build(self, inputs_shape):
         check_rank("ClassToken", inputs_shape, "(batch, tokens, width)", known=("width",))

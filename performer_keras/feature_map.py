@@ -2,6 +2,8 @@
 
 import keras
 
+from performer_keras.options import check_float_dtype
+
 
 class FeatureMap(keras.layers.Layer):
     """Base of the feature maps phi with phi(q)^T phi(k) ~ kappa(q, k).
@@ -23,6 +25,10 @@ class FeatureMap(keras.layers.Layer):
     Call arguments: queries (..., N, d), keys (..., N, d), training.
     Returns: (phi(queries), phi(keys)), each (..., N, m), float32.
     """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        check_float_dtype(self)
 
     def build(self, queries_shape, keys_shape=None):
         # phi(q)^T phi(k) needs one projection for both; else the backend's matmul fails, naming neither.

@@ -9,8 +9,8 @@ from keras import ops
 from performer_keras.batch_broadcast import over_batch
 from performer_keras.grid import grid_positions
 from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZER_BEFORE_OPTION, STABILIZERS,
-                                     check_axis, check_bool, check_choice, check_finite, check_grid_size, check_grid_tokens, check_non_negative,
-                                     check_positive, check_rank, check_seed)
+                                     check_axis, check_bool, check_choice, check_finite, check_float_dtype, check_grid_size,
+                                     check_grid_tokens, check_non_negative, check_positive, check_rank, check_seed)
 from performer_keras.registry import (DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, QK_NORM_BEFORE_OPTION,
                                       compatible, feature_map, normalizes_qk, positions_of, resolve)
 
@@ -272,6 +272,7 @@ class KernelAttention(keras.layers.Layer):
             warnings.warn("KernelAttention(kernel=...) is now kernel_name=...", DeprecationWarning, stacklevel=2)
             kernel_name = kwargs.pop("kernel")
         super().__init__(**kwargs)
+        check_float_dtype(self)
         self.num_heads = check_positive("num_heads", num_heads)
         self.kernel_name = check_choice("kernel", kernel_name, KERNELS)
         self.position = check_choice("position", position, POSITIONS)

@@ -136,6 +136,19 @@ def check_grid_size(argument, value):
         raise ValueError(f"{argument} must be (rows, cols), two integers >= 1, got {value!r}") from None
 
 
+def check_float_dtype(layer):
+    """Raise a ValueError naming `layer` if its dtype policy computes or keeps weights in other than floating point.
+
+    Called at the end of each layer's `__init__`. Without it an integer policy failed in the backend (FAVOR+'s
+    random projections, `PositionEmbedding`'s initialiser) or, worse, ran: `Standardize` cut its output to
+    integers. The test is `keras.backend.is_float_dtype`'s, on the policy's standardised dtype names.
+    """
+    for dtype in (layer.compute_dtype, layer.variable_dtype):
+        if not dtype.startswith(("float", "bfloat")):
+            raise ValueError(f"{type(layer).__name__} computes in floating point; its dtype policy "
+                             f"{layer.dtype_policy.name!r} has dtype {dtype}")
+
+
 def check_rank(layer, shape, layout, known=()):
     """Raise a ValueError unless `shape` has one entry per name of `layout`, e.g. "(batch, tokens, width)",
     and a size for each axis named in `known` (the ones the layer's weights are made from).

@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from performer_keras.batch_broadcast import over_batch
-from performer_keras.options import check_finite, check_rank
+from performer_keras.options import check_finite, check_float_dtype, check_rank
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -19,6 +19,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def __init__(self, initializer_stddev=0.02, **kwargs):
         super().__init__(**kwargs)
+        check_float_dtype(self)
         self.initializer_stddev = check_finite("initializer_stddev", initializer_stddev, low=0.0)
 
     def build(self, inputs_shape):

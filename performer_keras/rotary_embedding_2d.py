@@ -4,7 +4,7 @@ import numpy as np
 import keras
 from keras import ops
 
-from performer_keras.options import check_bool, check_finite, check_positions, check_rank
+from performer_keras.options import check_bool, check_finite, check_float_dtype, check_positions, check_rank
 
 
 def axial_frequencies(dim, base):
@@ -51,6 +51,7 @@ class RotaryEmbedding2D(keras.layers.Layer):
 
     def __init__(self, mixed=False, base=100.0, **kwargs):
         super().__init__(**kwargs)
+        check_float_dtype(self)
         self.mixed = check_bool("mixed", mixed)
         self.base = float(check_finite("base", base, low=0.0, low_open=True))
 

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from performer_keras.options import check_per_channel
+from performer_keras.options import check_float_dtype, check_per_channel
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -22,6 +22,7 @@ class Standardize(keras.layers.Layer):
 
     def __init__(self, mean, std, **kwargs):
         super().__init__(**kwargs)
+        check_float_dtype(self)
         self.mean, self.std = check_per_channel("mean", mean), check_per_channel("std", std)
         if len(self.mean) != len(self.std) or any(s <= 0 for s in self.std):
             raise ValueError(f"mean and std need one value per channel each and std > 0, got {mean} and {std}")

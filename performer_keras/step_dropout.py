@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from performer_keras.options import check_fraction, check_seed
+from performer_keras.options import check_float_dtype, check_fraction, check_seed
 
 
 @keras.saving.register_keras_serializable(package="performer_keras")
@@ -33,6 +33,7 @@ class StepDropout(keras.layers.Layer):
 
     def __init__(self, rate, seed=None, **kwargs):
         super().__init__(**kwargs)
+        check_float_dtype(self)
         self.rate = check_fraction("rate", rate)
         self.seed = check_seed("seed", seed, allow_none=True)
         self.seed_generator = keras.random.SeedGenerator(self.seed, name="seed_generator")

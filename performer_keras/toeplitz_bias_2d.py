@@ -4,7 +4,8 @@ import numpy as np
 import keras
 from keras import ops
 
-from performer_keras.options import check_axis, check_grid_size, check_grid_tokens, check_non_negative, check_positive, check_rank
+from performer_keras.options import (check_axis, check_float_dtype, check_grid_size, check_grid_tokens, check_non_negative,
+                                     check_positive, check_rank)
 
 
 def _swap_last_axes(x):
@@ -98,6 +99,7 @@ class ToeplitzBias2D(keras.layers.Layer):
 
     def __init__(self, grid_size, num_heads, num_prefix_tokens=1, **kwargs):
         super().__init__(**kwargs)
+        check_float_dtype(self)
         self.grid_size = check_grid_size("grid_size", grid_size)
         self.num_heads = check_positive("num_heads", num_heads)
         self.num_prefix_tokens = check_non_negative("num_prefix_tokens", num_prefix_tokens)

@@ -10,6 +10,7 @@ import pytest
 import scipy.linalg
 import keras
 
+import performer_keras
 from performer_keras import (
     CirculantString,
     ClassToken,
@@ -234,6 +235,28 @@ def test_kerple_bias_is_toeplitz():
 def test_bad_arguments_raise_at_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
         KernelAttention(num_heads=2, **kwargs)
+
+
+# The fewest arguments that make each layer; a layer added to the package without a row here fails below.
+LAYER_ARGUMENTS = {
+    "CirculantString": {}, "ClassToken": {}, "ExpFeatures": {}, "FavorFeatures": {},
+    "KernelAttention": dict(num_heads=2), "PositionEmbedding": {}, "RandomFeatures": {}, "ReluFeatures": {}, "RotaryEmbedding2D": {},
+    "Standardize": dict(mean=[0.0], std=[255.0]), "StepDropout": dict(rate=0.1),
+    "ToeplitzBias2D": dict(grid_size=GRID, num_heads=HEADS),
+}
+
+
+@pytest.mark.parametrize("name", sorted(name for name, cls in performer_keras.custom_objects().items()
+                                        if issubclass(cls, keras.layers.Layer)))
+def test_every_layer_refuses_a_dtype_policy_that_is_not_floating_point(name):
+    # Before, "int32" failed in the backend (FAVOR+'s random projections: "Need minval < maxval") or ran:
+    # Standardize cut its output to integers, ToeplitzBias2D kept integer weights.
+    layer_cls = performer_keras.custom_objects()[name]
+    for policy in ("int32", "bool", "uint8"):
+        with pytest.raises(ValueError, match=rf"{name} computes in floating point; its dtype policy '{policy}'"):
+            layer_cls(**LAYER_ARGUMENTS[name], dtype=policy)
+    for policy in ("float32", "mixed_bfloat16", "float64"):
+        assert layer_cls(**LAYER_ARGUMENTS[name], dtype=policy).dtype_policy.name == policy
 
 
 @pytest.mark.parametrize(
