@@ -10,7 +10,8 @@ stopped and restarted many times, so these callbacks replace them:
   renames a new `backup/state.json` listing it first; the previous good state
   stays listed (and on disk) until the new one is complete. `restore` tries the
   listed states newest first and falls back, with one line, past any that does
-  not load. With `keep_epochs`, the backups of those epochs are also copied
+  not load; a `state.json` that does not read (never a kill's doing) gives way,
+  with one line, to the weights files beside it. With `keep_epochs`, the backups of those epochs are also copied
   (atomically, before `state.json` names them) into `epochs/`, which neither
   the rotation nor the run's end removes: the only weights of an early epoch
   that outlive the run (`experiments.favor_floor` measures them).
@@ -27,6 +28,7 @@ always ends at the epoch the restored state has seen.
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -41,15 +43,35 @@ KEPT_DIR = "epochs"
 # The newest state and the one before it: a corrupt newest file costs one epoch.
 KEPT_STATES = 2
 _FINISHED_SUFFIX = ".finished"
+_WEIGHTS_NAME = re.compile(r"epoch(\d{4,})\.weights\.h5")
 
 
-def saved_states(backup_dir):
-    """[{"epoch", "weights"}] of `backup_dir`, newest first; [] without a readable state file."""
+def saved_states(backup_dir, log=None):
+    """[{"epoch", "weights"}] of `backup_dir`, newest first; [] without a state file.
+
+    A kill never leaves the state file unreadable (it is renamed into place whole), but a hand edit or
+    a damaged disk can: its weights files are then taken from their names, newest first (each is whole
+    too, and an epoch's weights are written after its history row), with one line to `log`, rather than
+    training from the start and rotating the intact backups away.
+    """
     path = Path(backup_dir) / STATE_FILE
-    try:
-        return json.loads(path.read_text())["states"]
-    except (OSError, ValueError, KeyError, TypeError):
+    if not path.exists():
         return []
+    try:
+        states = json.loads(path.read_text())["states"]
+        if isinstance(states, list) and all(
+                isinstance(state, dict) and type(state.get("epoch")) is int and isinstance(state.get("weights"), str)
+                for state in states):
+            return states
+        problem = "not a list of {epoch, weights}"
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        problem = " ".join(f"{type(error).__name__}: {error}".split())[:120]
+    found = sorted(((int(match[1]), file.name) for file in Path(backup_dir).glob("epoch*.weights.h5")
+                    if (match := _WEIGHTS_NAME.fullmatch(file.name))), reverse=True)
+    if log is not None:
+        log(f"{path} is unreadable ({problem}); trying the weights files beside it: "
+            f"{', '.join(name for _, name in found) or 'none'}")
+    return [{"epoch": epoch, "weights": name} for epoch, name in found]
 
 
 def restore(build_model, backup_dir, log=print):
@@ -59,7 +81,7 @@ def restore(build_model, backup_dir, log=print):
     called again for each attempt, so a file that fails halfway through
     loading never leaves half-restored weights behind.
     """
-    states = saved_states(backup_dir)
+    states = saved_states(backup_dir, log)
     for index, state in enumerate(states):
         model = build_model()
         path = Path(backup_dir) / state["weights"]
@@ -76,7 +98,7 @@ def restore(build_model, backup_dir, log=print):
 
 
 def weights_name(epoch):
-    """The file name of the weights after `epoch` epochs (1-based), in backup/ and in epochs/."""
+    """The file name of the weights after `epoch` epochs (1-based), in backup/ and in epochs/ (`_WEIGHTS_NAME`)."""
     return f"epoch{epoch:04d}.weights.h5"
 
 

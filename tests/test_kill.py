@@ -118,6 +118,21 @@ def test_a_truncated_newest_backup_falls_back_with_one_line(tmp_path, capsys, un
     assert_same(out, uninterrupted)
 
 
+@pytest.mark.parametrize("text", ['{"states": [', '[1, 2]', '{"states": [{"epoch": "2"}]}'])
+def test_an_unreadable_state_file_gives_way_to_the_weights_files_with_one_line(tmp_path, capsys, uninterrupted, text):
+    # Before, it read as "no backup": training began again at epoch 0 and rotated both intact backups away.
+    out = tmp_path / "run"
+    assert killed_at("history.csv:3", out)  # inside epoch 3: the backup holds epochs 2 and 1
+    (out / "backup" / "state.json").write_text(text)
+    capsys.readouterr()
+    run_in_process(out)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "unreadable" in line]
+    assert len(lines) == 1 and lines[0].endswith("epoch0002.weights.h5, epoch0001.weights.h5"), lines
+    sessions = json.loads((out / "provenance.json").read_text())["sessions"]
+    assert [session["start_epoch"] for session in sessions] == [0, 2]  # resumed, not trained again
+    assert_same(out, uninterrupted)
+
+
 def test_ctrl_c_exits_130_in_one_line_and_the_same_command_resumes(tmp_path, uninterrupted):
     # A real process, TensorFlow's start-up log left to the tool to silence (no TF_CPP_MIN_LOG_LEVEL).
     out = tmp_path / "run"
