@@ -35,7 +35,6 @@ The statistics are `significance.py` (paired t, Holm over the family of
 main-table comparisons, minimum detectable difference, test-set sampling error).
 """
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -143,7 +142,7 @@ def aggregate_cell(root, cell):
     for seed, folder in sorted(seed_folders(Path(root) / cell["directory"]).items()):
         metrics = read_metrics(folder)
         try:
-            config = json.loads((folder / "config.json").read_text())
+            config = atomic.read_json_object(folder / "config.json")
         except (OSError, ValueError):
             config = None
         if metrics is None or config is None:
@@ -459,9 +458,10 @@ def adjust_family(cells):
 def read_sessions(folder):
     """The training sessions of a run, in order, from its provenance.json ([] when it has none)."""
     try:
-        return json.loads((Path(folder) / "provenance.json").read_text())["sessions"]
-    except (OSError, ValueError, KeyError):
+        sessions = atomic.read_json_object(Path(folder) / "provenance.json").get("sessions")
+    except (OSError, ValueError):
         return []
+    return sessions if isinstance(sessions, list) else []
 
 
 def ran_with_xla(config, sessions):

@@ -12,6 +12,8 @@ study's long queues meet.)
     with replacing(out / "best.keras") as tmp:
         model.save(tmp)                       # a kill here leaves the old best.keras
     write_json(out / "metrics.json", metrics)
+
+`read_json_object` reads such a JSON record back, refusing one that a hand or a disk has damaged.
 """
 
 import collections
@@ -86,6 +88,21 @@ def write_text(path, text):
 def write_json(path, value, indent=2, sort_keys=True):
     """Write `value` as JSON to `path` atomically."""
     write_text(path, json.dumps(value, indent=indent, sort_keys=sort_keys) + "\n")
+
+
+def read_json_object(path):
+    """The JSON object (a dict) that `write_json` wrote to `path`; ValueError naming the file if it is something else.
+
+    A kill never leaves such a file half-written, but a hand edit or a damaged disk can, and a list or a
+    number there failed later in `.get` with a traceback.
+    """
+    try:
+        value = json.loads(Path(path).read_text())
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def save_figure(figure, path, **kwargs):

@@ -15,7 +15,6 @@ figure (`figures.py`). TensorFlow is allowed here: this is evaluation and
 export code, not a layer.
 """
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -70,9 +69,9 @@ def evaluate(path, dataset=None, limit=None, batch_size=None, out=None):
     path = Path(path)
     kind = _path_kind(path)
     try:
-        config = json.loads((path / "config.json").read_text()) if kind == "run" else {}
+        config = atomic.read_json_object(path / "config.json") if kind == "run" else {}
     except ValueError as error:
-        raise EvaluationError(f"{path / 'config.json'} is not valid JSON ({error})") from None
+        raise EvaluationError(str(error)) from None
     # The run's own test split: cut to its limit only if the run cut it (`limit_test`).
     own_limit = config.get("limit") if config.get("limit_test", True) else None
     test_limit = own_limit if limit is None else (None if limit == "all" else limit)

@@ -4,13 +4,13 @@ Pure numpy and csv (no Keras), so every formula is tested by hand on tiny
 examples (`tests/test_evaluation.py`).
 """
 
-import json
 import math
 import statistics
 from pathlib import Path
 
 import numpy as np
 
+from experiments import atomic
 from experiments.history import read_history
 
 # A class whose probability underflowed to 0 (float32 softmax) would make the
@@ -33,10 +33,9 @@ def read_metrics(folder):
     without training (`training.training_finished`).
     """
     try:
-        metrics = json.loads((Path(folder) / "metrics.json").read_text())
+        return atomic.read_json_object(Path(folder) / "metrics.json")
     except (OSError, ValueError):
         return None
-    return metrics if isinstance(metrics, dict) else None
 
 
 def classification_metrics(labels, probabilities, num_params, label_names=None):

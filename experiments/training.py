@@ -21,7 +21,6 @@ an uninterrupted one.
 """
 
 import contextlib
-import json
 import math
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 import keras
 
 from experiments import checkpoints, data, event_logs, history, pipelines
-from experiments.atomic import write_json
+from experiments.atomic import read_json_object, write_json
 from experiments.metrics import read_metrics
 from experiments.models import load_model_only
 from performer_keras.registry import create_model, model_config
@@ -89,11 +88,6 @@ class EpochStats(keras.callbacks.Callback):
         logs["learning_rate"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
 
 
-def read_json(path):
-    with open(path) as f:
-        return json.load(f)
-
-
 def check_run_folder(config, out_dir):
     """Check that `out_dir` may hold this run (absent, empty, or this very run); writes nothing.
 
@@ -109,9 +103,9 @@ def check_run_folder(config, out_dir):
     content = [f.name for f in out_dir.iterdir() if not f.name.startswith(".tmp-")] if out_dir.exists() else []
     if config_path.exists() and content != ["config.json"]:
         try:
-            existing = read_json(config_path)
-        except ValueError:
-            raise RunError(f"{config_path} is not valid JSON; choose another --out") from None
+            existing = read_json_object(config_path)
+        except ValueError as error:
+            raise RunError(f"{error}; choose another --out") from None
         if existing != config.to_dict():
             changed = sorted(k for k in set(existing) | set(config.to_dict()) if existing.get(k) != config.to_dict().get(k))
             raise RunError(f"{out_dir} holds a different run (differs in {changed}); choose another --out")
@@ -134,7 +128,10 @@ def check_export_folder(export_dir, out_dir):
     if not export_dir.is_dir() or not any(export_dir.iterdir()):
         return
     record = export_dir / EXPORT_RECORD
-    exported_from = read_json(record).get("run") if record.is_file() else None
+    try:
+        exported_from = read_json_object(record).get("run") if record.is_file() else None
+    except ValueError as error:
+        raise RunError(f"--export {export_dir}: {error}; choose another folder") from None
     if exported_from != str(Path(out_dir).resolve()):
         whose = f"an export of {exported_from}" if exported_from else "files that are no export of this run"
         raise RunError(f"--export {export_dir} holds {whose}; choose another folder")
@@ -162,7 +159,13 @@ def record_provenance(out_dir, start_epoch, jit_compile):
     to the default (None) says nothing about what ran.
     """
     path = Path(out_dir) / "provenance.json"
-    sessions = read_json(path)["sessions"] if path.exists() else []
+    try:
+        sessions = read_json_object(path).get("sessions") if path.exists() else []
+        if not isinstance(sessions, list):
+            raise ValueError(f"{path} holds no list of sessions")
+    except ValueError as error:
+        raise RunError(f"{error}: the record of which code trained this run's epochs; mend it or remove it "
+                       "(a new one then lists this session alone)") from None
     sessions.append({"commit": code_version(), "start_epoch": start_epoch, "keras_backend": keras.backend.backend(),
                      "jit_compile": bool(jit_compile)})
     write_json(path, {"sessions": sessions})
@@ -490,8 +493,8 @@ def _fit(config, splits, source, out_dir, verbose, keep_epochs=()):
     backup_dir = out_dir / "backup"
     model, start_epoch = checkpoints.restore(build, backup_dir, log=lambda line: print(line, file=sys.stderr))
     say_missed_epochs(keep_epochs, start_epoch, out_dir)
+    record_provenance(out_dir, start_epoch, model.jit_compile)  # first: a damaged record refuses before any write
     best_so_far = history.cut_history(out_dir / "history.csv", start_epoch)
-    record_provenance(out_dir, start_epoch, model.jit_compile)
 
     log_dir = out_dir / "logs"
     if start_epoch == 0:

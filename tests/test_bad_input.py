@@ -39,6 +39,14 @@ def files(tmp):
     (run / "config.json").write_text("{")
     (run / "best.keras").write_bytes(b"")
     (tmp / "bogus.keras").write_bytes(b"not a zip")
+    listed = tmp / "list_run"  # a run folder whose config.json was overwritten by hand with valid JSON, not an object
+    listed.mkdir()
+    (listed / "config.json").write_text("[1]")
+    (listed / "best.keras").write_bytes(b"")
+    broken_export = tmp / "broken_export"
+    broken_export.mkdir()
+    (broken_export / "saved_model.pb").write_bytes(b"")
+    (broken_export / "export_of.json").write_text("{")
     other_export = tmp / "other_export"
     other_export.mkdir()
     (other_export / "saved_model.pb").write_bytes(b"")
@@ -84,6 +92,11 @@ CASES = {
     "train --export a file": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/a_file.txt"], "is a file"),
     "train --export another run's export": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/other_export"],
                                             "an export of /elsewhere/run"),
+    # These three ended in a traceback (AttributeError: 'list' object has no attribute 'get'; a JSONDecodeError).
+    "train --out a run whose config is a list": (train.main, [*TINY, "--out", "{tmp}/list_run"],
+                                                 "list_run/config.json holds a JSON list, not an object"),
+    "train --export whose record does not read": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/broken_export"],
+                                                  "broken_export/export_of.json is not valid JSON"),
     "train --export a folder of other files": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/notes"],
                                                "no export of this run"),
     "train --init-from missing": (train.main, [*TINY, "--init-from", "{tmp}/none.keras"],
@@ -124,6 +137,7 @@ CASES = {
     "evaluate missing path": (evaluate.main, ["{tmp}/missing"], "does not exist"),
     "evaluate a text file": (evaluate.main, ["{tmp}/a_file.txt"], "evaluate.py: error"),
     "evaluate corrupt config": (evaluate.main, ["{tmp}/corrupt_run"], "not valid JSON"),
+    "evaluate a run whose config is a list": (evaluate.main, ["{tmp}/list_run"], "config.json holds a JSON list, not an object"),
     "evaluate --limit 0": (evaluate.main, ["{tmp}/corrupt_run", "--limit", "0"], "--limit"),
     "evaluate --batch-size x": (evaluate.main, ["{tmp}/corrupt_run", "--batch-size", "x"], "--batch-size"),
     "evaluate --out a file": (evaluate.main, ["{tmp}/corrupt_run", "--out", "{tmp}/a_file.txt"], "is a file"),

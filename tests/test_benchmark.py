@@ -278,6 +278,21 @@ def test_a_run_with_a_damaged_metrics_json_is_queued_again_and_missing_from_the_
     assert cell["seeds"]["finished"] == [0] and cell["seeds"]["missing"] == [1]
 
 
+def test_a_config_or_provenance_edited_into_other_json_than_an_object_does_not_stop_the_report(tmp_path):
+    # A list in either ended the report in a traceback ('list' object has no attribute 'get'; list indices).
+    profile = get_profile("small")
+    jobs = benchmark.plan(profile, tmp_path, variants=["softmax-absolute"], datasets=["mnist"], seeds=[0, 1],
+                          experiments=("variants",))
+    root = benchmark.profile_root(tmp_path, profile)
+    for job in jobs:
+        fake_run(job.folder(root), job.config, 0.9, [0.5, 0.9])
+    (jobs[0].folder(root) / "provenance.json").write_text("[1]")
+    (jobs[1].folder(root) / "config.json").write_text("[1]")
+    cell = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))["cells"][0]
+    assert cell["seeds"]["finished"] == [0] and cell["seeds"]["missing"] == [1]
+    assert aggregate.read_sessions(jobs[0].folder(root)) == []
+
+
 def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
     profile = get_profile("small")
     jobs = benchmark.plan(profile, tmp_path, variants=["softmax-absolute", "favor-absolute"], datasets=["mnist"], seeds=[0, 1])

@@ -133,6 +133,26 @@ def test_an_unreadable_state_file_gives_way_to_the_weights_files_with_one_line(t
     assert_same(out, uninterrupted)
 
 
+def test_a_damaged_provenance_is_refused_in_one_line_before_any_write_and_the_run_resumes_without_it(
+        tmp_path, capsys, uninterrupted):
+    # Before, a traceback (a JSONDecodeError) on every rerun: the run could not be resumed.
+    out = tmp_path / "run"
+    assert killed_at("history.csv:3", out)
+    (out / "provenance.json").write_text("{")
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    capsys.readouterr()
+    assert train.main([*ARGS, "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"train.py: error: {out / 'provenance.json'} is not valid JSON (Expecting property name enclosed in double "
+        "quotes: line 1 column 2 (char 1)): the record of which code trained this run's epochs; mend it or remove "
+        "it (a new one then lists this session alone)"]
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+    (out / "provenance.json").unlink()
+    run_in_process(out)
+    assert [s["start_epoch"] for s in json.loads((out / "provenance.json").read_text())["sessions"]] == [2]
+    assert_same(out, uninterrupted)
+
+
 def test_ctrl_c_exits_130_in_one_line_and_the_same_command_resumes(tmp_path, uninterrupted):
     # A real process, TensorFlow's start-up log left to the tool to silence (no TF_CPP_MIN_LOG_LEVEL).
     out = tmp_path / "run"
