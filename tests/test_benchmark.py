@@ -263,33 +263,33 @@ def fake_run(folder, config, accuracy, val_curve, test_examples=None, device="cp
         writer.writerows([epoch, v, v, metrics["train_seconds_per_epoch"]] for epoch, v in enumerate(val_curve))
 
 
-def test_a_run_with_a_damaged_metrics_json_is_queued_again_and_missing_from_the_report(tmp_path):
-    # The queue took it for finished (metrics.json existed) while the report counted it missing, so it never ran.
+def two_finished_seeds(tmp_path):
+    """(jobs, root, a function that aggregates their report cell) of softmax-absolute on MNIST, seeds 0 and 1, both finished."""
     profile = get_profile("small")
     jobs = benchmark.plan(profile, tmp_path, variants=["softmax-absolute"], datasets=["mnist"], seeds=[0, 1],
                           experiments=("variants",))
     root = benchmark.profile_root(tmp_path, profile)
     for job in jobs:
         fake_run(job.folder(root), job.config, 0.9, [0.5, 0.9])
+    return jobs, root, lambda: aggregate.aggregate(root, benchmark.cells(jobs),
+                                                   **benchmark.report_header(profile, tmp_path))["cells"][0]
+
+
+def test_a_run_with_a_damaged_metrics_json_is_queued_again_and_missing_from_the_report(tmp_path):
+    # The queue took it for finished (metrics.json existed) while the report counted it missing, so it never ran.
+    jobs, root, cell = two_finished_seeds(tmp_path)
     (jobs[1].folder(root) / "metrics.json").write_text('{"test_accuracy": 0.9')
     assert [benchmark.is_finished(job, root) for job in jobs] == [True, False]
     assert benchmark.read_metrics(jobs[1].folder(root)) is None  # so no forecast reads a device from it
-    cell = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))["cells"][0]
-    assert cell["seeds"]["finished"] == [0] and cell["seeds"]["missing"] == [1]
+    assert cell()["seeds"]["finished"] == [0] and cell()["seeds"]["missing"] == [1]
 
 
 def test_a_config_or_provenance_edited_into_other_json_than_an_object_does_not_stop_the_report(tmp_path):
     # A list in either ended the report in a traceback ('list' object has no attribute 'get'; list indices).
-    profile = get_profile("small")
-    jobs = benchmark.plan(profile, tmp_path, variants=["softmax-absolute"], datasets=["mnist"], seeds=[0, 1],
-                          experiments=("variants",))
-    root = benchmark.profile_root(tmp_path, profile)
-    for job in jobs:
-        fake_run(job.folder(root), job.config, 0.9, [0.5, 0.9])
+    jobs, root, cell = two_finished_seeds(tmp_path)
     (jobs[0].folder(root) / "provenance.json").write_text("[1]")
     (jobs[1].folder(root) / "config.json").write_text("[1]")
-    cell = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))["cells"][0]
-    assert cell["seeds"]["finished"] == [0] and cell["seeds"]["missing"] == [1]
+    assert cell()["seeds"]["finished"] == [0] and cell()["seeds"]["missing"] == [1]
     assert aggregate.read_sessions(jobs[0].folder(root)) == []
 
 
