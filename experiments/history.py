@@ -20,6 +20,35 @@ def read_history(path):
         return list(csv.DictReader(f))
 
 
+def damage(path, epochs):
+    """None if `path` holds one readable row for each of the first `epochs` epochs, else what is wrong, in words.
+
+    The run writes every row before the backup of its epoch (`checkpoints`), so a resumed run always has
+    them; a hand edit or a damaged disk may not. Resuming over a row that does not read ended in a
+    traceback, and over missing rows in a run whose history lacks them, which then counted as unfinished
+    and trained again from the start.
+    """
+    if not epochs:
+        return None  # a fresh start keeps no row (`cut_history`)
+    try:
+        rows = read_history(path)
+    except (csv.Error, ValueError) as error:
+        return f"{path} does not read as CSV ({error})"
+    for line, row in enumerate(rows, start=2):
+        try:
+            int(row["epoch"]), float(row.get("val_accuracy") or 0.0)
+            whole = None not in row and None not in row.values()  # csv.DictReader's marks of too few or many cells
+        except (KeyError, TypeError, ValueError):
+            whole = False
+        if not whole:
+            return f"{path}, line {line}, is no epoch's row"
+    missing = sorted(set(range(epochs)) - {int(row["epoch"]) for row in rows})
+    if missing:
+        return (f"{path} has no row with epoch {', '.join(map(str, missing))} (0-based), of the {epochs} epochs "
+                "the backup has seen")
+    return None
+
+
 def validation_curve(rows):
     """(epochs, val_accuracy) of `read_history`'s rows; 1-based epochs, epochs without validation left out."""
     rows = [row for row in rows if row.get("val_accuracy")]
@@ -45,6 +74,9 @@ def largest_fall(curve):
 
 def cut_history(path, epochs):
     """Keep the rows of epochs < `epochs` (atomically); return the best val_accuracy among them."""
+    if not epochs:
+        Path(path).unlink(missing_ok=True)  # unread: a damaged file (`damage`) is no reason not to start afresh
+        return None
     rows = read_history(path)
     kept = [row for row in rows if int(row["epoch"]) < epochs]
     if len(kept) != len(rows):

@@ -493,7 +493,10 @@ def _fit(config, splits, source, out_dir, verbose, keep_epochs=()):
     backup_dir = out_dir / "backup"
     model, start_epoch = checkpoints.restore(build, backup_dir, log=lambda line: print(line, file=sys.stderr))
     say_missed_epochs(keep_epochs, start_epoch, out_dir)
-    record_provenance(out_dir, start_epoch, model.jit_compile)  # first: a damaged record refuses before any write
+    damaged = history.damage(out_dir / "history.csv", start_epoch)
+    if damaged:
+        raise RunError(f"{damaged}: mend it, or remove {backup_dir} to train the run again from the start")
+    record_provenance(out_dir, start_epoch, model.jit_compile)  # after the checks: a damaged record refuses unwritten
     best_so_far = history.cut_history(out_dir / "history.csv", start_epoch)
 
     log_dir = out_dir / "logs"

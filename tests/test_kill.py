@@ -10,6 +10,7 @@ the metrics and the history of an uninterrupted run.
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,6 +151,33 @@ def test_a_damaged_provenance_is_refused_in_one_line_before_any_write_and_the_ru
     (out / "provenance.json").unlink()
     run_in_process(out)
     assert [s["start_epoch"] for s in json.loads((out / "provenance.json").read_text())["sessions"]] == [2]
+    assert_same(out, uninterrupted)
+
+
+@pytest.mark.parametrize("damage, error", [
+    ("a row that does not read", "history.csv, line 4, is no epoch's row"),
+    ("no file", "history.csv has no row with epoch 0, 1 (0-based), of the 2 epochs the backup has seen"),
+])
+def test_a_damaged_history_is_refused_in_one_line_before_any_write_and_removing_the_backup_trains_again(
+        tmp_path, capsys, uninterrupted, damage, error):
+    # Before, a row that does not read ended every rerun in a traceback; missing rows were resumed over, and
+    # the finished run, short of rows, counted as unfinished and trained again from the start.
+    out = tmp_path / "run"
+    assert killed_at("history.csv:3", out)  # the history holds epochs 0 and 1, the backup 2 epochs
+    if damage == "no file":
+        (out / "history.csv").unlink()
+    else:
+        with open(out / "history.csv", "a") as f:
+            f.write("x,1,2\n")
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    capsys.readouterr()
+    assert train.main([*ARGS, "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"train.py: error: {out}/{error}: mend it, or remove {out / 'backup'} to train the run again from the start"]
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+    shutil.rmtree(out / "backup")
+    run_in_process(out)
+    assert [s["start_epoch"] for s in json.loads((out / "provenance.json").read_text())["sessions"]] == [0, 0]
     assert_same(out, uninterrupted)
 
 
