@@ -37,12 +37,13 @@ def run(args):
     # Training loads Keras and the backend, so it is imported once the command line is known to be good.
     from experiments.data import DataError
     from experiments.metrics import format_table
+    from experiments.models import EvaluationError
     from experiments.training import TrainingDiverged, train
 
     try:
         out = args.out or os.path.join("runs", f"{config.variant}_{config.dataset}_seed{config.seed}")
         metrics = train(config, out, export_dir=args.export, distribute=args.distribute, keep_epochs=args.keep_epochs)
-    except (RunError, DataError) as error:
+    except (RunError, DataError, EvaluationError) as error:  # the last: a trained run's best.keras damaged since
         return fail("train.py", error)
     except TrainingDiverged as error:
         print(f"train.py: {error}", file=sys.stderr)

@@ -2,7 +2,9 @@
 
 import dataclasses
 import math
+import zipfile
 from collections.abc import Callable
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -50,8 +52,11 @@ def load_model_only(path):
     """The Keras model of a `.keras` file without its optimizer, for every use but training on.
 
     A mixed_float16 run's loss-scale optimizer does not load back (Keras warns
-    that it skips its variables), and nothing but training needs one.
+    that it skips its variables), and nothing but training needs one. A file that is no zip archive (cut
+    short, emptied, another format) is a ValueError saying so: Keras calls it "File not found".
     """
+    if Path(path).is_file() and not zipfile.is_zipfile(path):
+        raise ValueError(f"{path} is no .keras file (not a zip archive: damaged, or another format)")
     return keras.models.load_model(path, custom_objects=performer_keras.custom_objects(), compile=False)
 
 

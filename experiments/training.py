@@ -32,7 +32,7 @@ import keras
 from experiments import checkpoints, data, event_logs, history, pipelines
 from experiments.atomic import read_json_object, write_json
 from experiments.metrics import read_metrics
-from experiments.models import load_model_only
+from experiments.models import first_line, load_model_only
 from performer_keras.registry import create_model, model_config
 from performer_keras.smoothed_sparse_crossentropy import SmoothedSparseCrossentropy
 from experiments.run_config import RunError, check_keep_epochs
@@ -345,7 +345,10 @@ def train(config, out_dir, verbose="auto", export_dir=None, distribute="none", k
     if export_dir is not None:
         from experiments.export import export_saved_model
 
-        best = load_model_only(out_dir / "best.keras")
+        try:
+            best = load_model_only(out_dir / "best.keras")
+        except (ValueError, OSError) as error:
+            raise RunError(f"cannot export {out_dir / 'best.keras'}: {first_line(error)}") from None
         export_saved_model(best, export_dir)
         # Last, so a killed export is not taken for a finished one of this run.
         write_json(Path(export_dir) / EXPORT_RECORD, {"run": str(out_dir.resolve())})

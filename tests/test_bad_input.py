@@ -144,7 +144,8 @@ CASES = {
     "evaluate --out under a file": (evaluate.main, ["{tmp}/corrupt_run", "--out", "{tmp}/a_file.txt/eval"], "a file"),
     "evaluate --out where no folder can be made": (evaluate.main, ["{tmp}/corrupt_run", "--out", "/proc/performer-keras"], "no folder can be made"),
     "evaluate a damaged SavedModel": (evaluate.main, ["{tmp}/other_export", "--dataset", "mnist"], "as a SavedModel"),
-    "evaluate bogus .keras": (evaluate.main, ["{tmp}/bogus.keras", "--dataset", "mnist"], "evaluate.py: error"),
+    "evaluate bogus .keras": (evaluate.main, ["{tmp}/bogus.keras", "--dataset", "mnist"],
+                              "bogus.keras is no .keras file (not a zip archive: damaged, or another format)"),
     "evaluate an empty path": (evaluate.main, [""], "empty string"),
     # the benchmark
     "train --distribute data on TF": (train.main, [*TINY, "--distribute", "data", "--out", "{tmp}/run"], "KERAS_BACKEND=jax"),

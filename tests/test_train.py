@@ -216,6 +216,21 @@ def test_same_seed_same_metrics_and_resume_after_kill(tmp_path):
     assert metrics(again)["log_likelihood"] == pytest.approx(uninterrupted["log_likelihood"], rel=1e-5)
 
 
+def test_a_trained_run_whose_best_keras_was_damaged_is_refused_in_one_line(softmax_run, tmp_path, capsys):
+    # Killed during evaluation (training done), then best.keras emptied: a traceback (an EvaluationError) before,
+    # and Keras' own words for a file that exists, "File not found".
+    run = tmp_path / "run"
+    shutil.copytree(softmax_run, run)
+    (run / "metrics.json").unlink()
+    (run / "best.keras").write_bytes(b"")
+    damaged = f"{run / 'best.keras'} is no .keras file (not a zip archive: damaged, or another format)"
+    assert train_fails(capsys, *TINY, "--epochs", "1", "--out", run) == (
+        2, f"train.py: error: Could not load {run / 'best.keras'} as a Keras model: {damaged}")
+    assert train_fails(capsys, *TINY, "--epochs", "1", "--out", run, "--export", tmp_path / "export") == (
+        2, f"train.py: error: cannot export {run / 'best.keras'}: {damaged}")
+    assert not (tmp_path / "export").exists() and not (run / "metrics.json").exists()
+
+
 def test_finished_run_is_not_trained_again(softmax_run):
     before = (softmax_run / "metrics.json").stat().st_mtime_ns
     train_ok(*TINY, "--epochs", "1", "--out", softmax_run)
