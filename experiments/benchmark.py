@@ -413,6 +413,7 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None, de
     # Training loads the backend and TensorFlow's data pipeline: only when a queue runs.
     from experiments.data import DataError
     from experiments.latency import device_name
+    from experiments.models import EvaluationError
     from experiments.training import TrainingDiverged, train
 
     if deadline is not None and device is None:
@@ -447,7 +448,7 @@ def run_queue(jobs, root, verbose=0, max_runs=None, log=print, deadline=None, de
         started = time.perf_counter()
         try:
             metrics = train(job.config, folder, verbose=verbose, keep_epochs=keep_epochs)
-        except (RunError, DataError, TrainingDiverged) as error:
+        except (RunError, DataError, TrainingDiverged, EvaluationError) as error:  # one run's fault: the queue goes on
             log(f"{tag}: failed: {error}")
             outcome["failed"].append(str(folder))
             continue

@@ -26,6 +26,7 @@ import pytest
 from experiments import aggregate, benchmark, report
 from experiments.benchmark_profiles import get_profile
 from experiments.evaluation import METRIC_KEYS
+from experiments.models import EvaluationError
 from experiments.run_config import RunError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -826,15 +827,20 @@ def test_max_minutes_starts_only_runs_the_time_left_can_finish_and_archive_packs
                            for job in (first, third) for name in ("history.csv", "metrics.json"))
 
 
-def test_a_run_out_of_memory_fails_alone_and_the_queue_goes_on(tmp_path):
+@pytest.mark.parametrize("error, logged", [
+    (MemoryError("Unable to allocate 3 TiB"), "failed: out of memory (numpy: Unable to allocate 3 TiB)"),
+    # A run refused for its own damaged files; the first stopped the queue with a traceback.
+    (EvaluationError("Could not load best.keras as a Keras model: best.keras is no .keras file"),
+     "failed: Could not load best.keras as a Keras model: best.keras is no .keras file"),
+    (RunError("history.csv, line 4, is no epoch's row"), "failed: history.csv, line 4, is no epoch's row"),
+])
+def test_a_run_that_fails_for_itself_fails_alone_and_the_queue_goes_on(tmp_path, error, logged):
     jobs = benchmark.plan(get_profile("tiny"), tmp_path)[:2]
     root = benchmark.profile_root(tmp_path, get_profile("tiny"))
-    trained = []
 
     def train(config, folder, verbose=0, keep_epochs=()):
-        trained.append(folder)
-        if len(trained) == 1:
-            raise MemoryError("Unable to allocate 3 TiB")
+        if folder == jobs[0].folder(root):
+            raise error
         _fake_finished_run(Path(folder), [1.0])
         return {"test_accuracy": 0.5}
 
@@ -842,9 +848,13 @@ def test_a_run_out_of_memory_fails_alone_and_the_queue_goes_on(tmp_path):
     with mock.patch("experiments.training.train", side_effect=train):
         outcome = benchmark.run_queue(jobs, root, log=lines.append)
     assert outcome["failed"] == [str(jobs[0].folder(root))] and outcome["trained"] == [str(jobs[1].folder(root))]
-    assert any("failed: out of memory (numpy: Unable to allocate 3 TiB)" in line for line in lines), lines
+    assert any(line.endswith(logged) for line in lines), lines
+
+
+def test_any_other_error_stops_the_queue(tmp_path):
+    jobs = benchmark.plan(get_profile("tiny"), tmp_path)[:2]
     with mock.patch("experiments.training.train", side_effect=RuntimeError("a bug")), pytest.raises(RuntimeError):
-        benchmark.run_queue(jobs, root, log=lines.append)  # any other error still stops the queue
+        benchmark.run_queue(jobs, benchmark.profile_root(tmp_path, get_profile("tiny")), log=lambda line: None)
 
 
 def test_a_forecast_counts_only_runs_with_the_jobs_xla_setting(tmp_path):
