@@ -11,7 +11,8 @@ stopped and restarted many times, so these callbacks replace them:
   stays listed (and on disk) until the new one is complete. `restore` tries the
   listed states newest first and falls back, with one line, past any that does
   not load; a `state.json` that does not read (never a kill's doing) gives way,
-  with one line, to the weights files beside it. With `keep_epochs`, the backups of those epochs are also copied
+  with one line, to the weights files beside it. With `keep_epochs`, the
+  backups of those epochs are also copied
   (atomically, before `state.json` names them) into `epochs/`, which neither
   the rotation nor the run's end removes: the only weights of an early epoch
   that outlive the run (`experiments.favor_floor` measures them).
