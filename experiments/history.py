@@ -20,16 +20,15 @@ def read_history(path):
         return list(csv.DictReader(f))
 
 
-def damage(path, epochs):
-    """None if `path` holds one readable row for each of the first `epochs` epochs, else what is wrong, in words.
+def damage(path, epochs=0):
+    """None if every row of `path` reads and one is there for each of the first `epochs` epochs, else what is
+    wrong, in words.
 
     The run writes every row before the backup of its epoch (`checkpoints`), so a resumed run always has
     them; a hand edit or a damaged disk may not. Resuming over a row that does not read ended in a
     traceback, and over missing rows in a run whose history lacks them, which then counted as unfinished
     and trained again from the start.
     """
-    if not epochs:
-        return None  # a fresh start keeps no row (`cut_history`)
     try:
         rows = read_history(path)
     except (csv.Error, ValueError) as error:

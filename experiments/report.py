@@ -86,7 +86,8 @@ def fall_text(cell):
     one that never fell (`history.largest_fall`).
     """
     falls = [(int(seed), values.get("val_fall")) for seed, values in cell["per_seed"].items()]
-    parts = [f"{seed}: {100 * fall['fall']:.2f} ({fall['epoch']})" for seed, fall in sorted(falls) if fall]
+    parts = [f"{seed}: {fall['damaged']}" if "damaged" in fall else f"{seed}: {100 * fall['fall']:.2f} ({fall['epoch']})"
+             for seed, fall in sorted(falls) if fall]
     return ", ".join(parts) or "–"
 
 

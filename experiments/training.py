@@ -496,7 +496,7 @@ def _fit(config, splits, source, out_dir, verbose, keep_epochs=()):
     backup_dir = out_dir / "backup"
     model, start_epoch = checkpoints.restore(build, backup_dir, log=lambda line: print(line, file=sys.stderr))
     say_missed_epochs(keep_epochs, start_epoch, out_dir)
-    damaged = history.damage(out_dir / "history.csv", start_epoch)
+    damaged = history.damage(out_dir / "history.csv", start_epoch) if start_epoch else None  # a fresh start keeps none
     if damaged:
         raise RunError(f"{damaged}: mend it, or remove {backup_dir} to train the run again from the start")
     record_provenance(out_dir, start_epoch, model.jit_compile)  # after the checks: a damaged record refuses unwritten

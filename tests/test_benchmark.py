@@ -285,13 +285,22 @@ def test_a_run_with_a_damaged_metrics_json_is_queued_again_and_missing_from_the_
     assert cell()["seeds"]["finished"] == [0] and cell()["seeds"]["missing"] == [1]
 
 
-def test_a_config_or_provenance_edited_into_other_json_than_an_object_does_not_stop_the_report(tmp_path):
-    # A list in either ended the report in a traceback ('list' object has no attribute 'get'; list indices).
+def test_a_config_provenance_or_history_damaged_by_hand_does_not_stop_the_report(tmp_path):
+    # A list in config.json or provenance.json, or a history row that does not read, ended the report in a
+    # traceback ('list' object has no attribute 'get'; list indices; invalid literal for int()).
     jobs, root, cell = two_finished_seeds(tmp_path)
     (jobs[0].folder(root) / "provenance.json").write_text("[1]")
+    with open(jobs[0].folder(root) / "history.csv", "a") as f:
+        f.write("x,1,2,3\n")
     (jobs[1].folder(root) / "config.json").write_text("[1]")
-    assert cell()["seeds"]["finished"] == [0] and cell()["seeds"]["missing"] == [1]
+    result = cell()
+    assert result["seeds"]["finished"] == [0] and result["seeds"]["missing"] == [1]
     assert aggregate.read_sessions(jobs[0].folder(root)) == []
+    # Its test metrics stand; its curve, fall and time are named as damaged, not read from the rows that do.
+    damaged = result["per_seed"]["0"]["val_fall"]["damaged"]
+    assert damaged == f"{jobs[0].folder(root) / 'history.csv'}, line 4, is no epoch's row"
+    assert result["test_accuracy"]["mean"] == 0.9 and result["epoch_minutes"] == {} and result["val_fall"] is None
+    assert report.fall_text(result) == f"0: {damaged}"
 
 
 def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):

@@ -39,7 +39,8 @@ HEADER = "epoch,accuracy,val_accuracy\n"
     ("accuracy,val_accuracy\n0.5,0.6\n", 1, "line 2, is no epoch's row"),
     (None, 1, "has no row with epoch 0 (0-based)"),  # no file
     (b"\xff\xfe\x00", 1, "does not read as CSV"),
-    ("x,1\n", 0, None),  # a fresh start keeps no row, whatever the file holds
+    (HEADER + "2,0.5,0.6\n", 0, None),  # no epoch asked for: only whether the rows read
+    (HEADER + "0,0.5,0.6\nx,0.7,0.8\n", 0, "line 3, is no epoch's row"),
 ])
 def test_damage_names_a_row_that_does_not_read_and_the_epochs_without_one(tmp_path, text, epochs, problem):
     path = tmp_path / "history.csv"
