@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import keras_tuner
 import pytest
 
+from experiments import atomic
 from experiments.run_config import RunConfig
 from tuning import search_spaces
 from tuning.__main__ import main as tune
@@ -136,6 +138,39 @@ def test_killed_search_resumes_without_rerunning_finished_trials(search, tmp_pat
     assert started_trials(out) == TRIAL_IDS  # trial 0 ran once
     assert scores(out) == scores(search)  # what an uninterrupted search found
     assert json.loads((out / "best_hparams.json").read_text()) == json.loads((search / "best_hparams.json").read_text())
+
+
+@pytest.mark.slow  # a real process stopped inside a write and killed, like tests/test_kill.py
+def test_a_search_killed_inside_a_write_of_kerastuner_s_state_resumes(search, tmp_path):
+    # KerasTuner wrote oracle.json and trial.json in place: a kill there left a cut-off file that no rerun loaded.
+    out = tmp_path / "favor-rope"
+    env = dict(os.environ, **{atomic.PAUSE_VARIABLE: "oracle.json:4"})
+    process = subprocess.Popen([sys.executable, "-m", "tuning", *SEARCH, "--out", str(out)], cwd=REPO_ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline and process.poll() is None and not atomic.paused_under(out):
+            time.sleep(0.05)
+        assert atomic.paused_under(out), "the search never reached the oracle's fourth write"
+    finally:
+        process.kill()
+        process.wait()
+    assert not (out / "best_hparams.json").exists()
+    assert tune([*SEARCH, "--out", str(out)]) == 0
+    assert scores(out) == scores(search)
+    assert json.loads((out / "best_hparams.json").read_text()) == json.loads((search / "best_hparams.json").read_text())
+
+
+@pytest.mark.slow
+def test_kerastuner_state_that_does_not_read_is_refused_in_one_line(search, tmp_path, capsys):
+    out = tmp_path / "favor-rope"
+    shutil.copytree(search, out)
+    (out / "keras_tuner" / "trial_1" / "trial.json").write_text("{")  # a traceback from KerasTuner before
+    capsys.readouterr()
+    assert tune([*SEARCH, "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"python -m tuning: error: KerasTuner's state in {out / 'keras_tuner'} does not read (Expecting property name "
+        "enclosed in double quotes: line 1 column 2 (char 1)); mend it or choose another --out"]
 
 
 @pytest.mark.slow

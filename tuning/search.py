@@ -54,6 +54,7 @@ from pathlib import Path
 import keras
 import keras_tuner
 import numpy as np
+from keras_tuner.src import utils as keras_tuner_utils
 
 from experiments import atomic, data, event_logs, training
 from performer_keras.options import check_choice
@@ -150,11 +151,10 @@ def check_search_folder(search, out_dir):
     path = out_dir / SEARCH_FILE
     if path.exists():
         try:
-            existing = training.read_json(path)
-        except ValueError:
-            raise SearchError(f"{path} is not valid JSON; choose another --out") from None
+            existing = _flatten(atomic.read_json_object(path))
+        except ValueError as error:
+            raise SearchError(f"{error}; choose another --out") from None
         wanted = _flatten(search.to_json())
-        existing = _flatten(existing) if isinstance(existing, dict) else {}
         changed = sorted(k for k in set(existing) | set(wanted) if existing.get(k) != wanted.get(k))
         if changed:
             raise SearchError(
@@ -206,6 +206,21 @@ def best_epoch(history):
     return dict(metrics, best_epoch=epoch + 1, seconds=float(sum(history.get("epoch_seconds", []))))
 
 
+def _save_json_atomically(path, obj):
+    """KerasTuner's `utils.save_json`, through `atomic`: the same text, renamed into place whole.
+
+    KerasTuner writes its state (oracle.json, tuner0.json, every trial.json) through that one function, in
+    place, so a kill during a write left a cut-off file that every rerun of the search failed to reload.
+    """
+    text = json.dumps(obj)
+    atomic.write_text(path, text)
+    return text
+
+
+# KerasTuner is pinned in requirements.txt; tests/test_tuning.py kills a search inside an oracle write.
+keras_tuner_utils.save_json = _save_json_atomically
+
+
 class VitTuner(keras_tuner.Tuner):
     """KerasTuner's Tuner with a seeded, project-built trial (`train_trial`)."""
 
@@ -217,8 +232,14 @@ class VitTuner(keras_tuner.Tuner):
     def reload(self):
         super().reload()
         # Trial files are read in directory order; id order is the order they ran
-        # in, which is what the oracles see in an uninterrupted search.
-        self.oracle.trials = dict(sorted(self.oracle.trials.items(), key=lambda item: int(item[0])))
+        # in, which is what the oracles see in an uninterrupted search. A trial the
+        # oracle never recorded as started is left out: a kill between a new
+        # trial's trial.json and the oracle's own save left one, which stayed
+        # RUNNING without a score and took a trial of the budget, while the oracle,
+        # reloaded from before it, drew its values again under the next id.
+        started = set(self.oracle.start_order)
+        self.oracle.trials = dict(sorted(((trial_id, trial) for trial_id, trial in self.oracle.trials.items()
+                                          if trial_id in started), key=lambda item: int(item[0])))
 
     def run_trial(self, trial, *args, verbose=0, **kwargs):
         hp = trial.hyperparameters
@@ -296,7 +317,11 @@ def run_search(search, out_dir, verbose=1, splits=None):
 
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic.write_json(out_dir / SEARCH_FILE, search.to_json())
-    tuner = VitTuner(oracle, hypermodel, out_dir)
+    try:
+        tuner = VitTuner(oracle, hypermodel, out_dir)
+    except json.JSONDecodeError as error:  # damaged by hand or disk: its writes are atomic (_save_json_atomically)
+        raise SearchError(f"KerasTuner's state in {out_dir / PROJECT} does not read ({error}); mend it or choose "
+                          "another --out") from None
     tuner.search(verbose=verbose)
     if role == "worker":
         return None  # the chief holds the oracle: it summarises, confirms and writes best_hparams.json
@@ -328,7 +353,7 @@ def retrain_best(out_dir, best, seed, splits, verbose=0):
     """Validation metrics of the best trial's config trained with `seed`; cached in seeds/seed_<s>/."""
     folder = Path(out_dir) / "seeds" / f"seed_{seed}"
     if (folder / "result.json").exists():
-        return training.read_json(folder / "result.json")
+        return atomic.read_json_object(folder / "result.json")
     folder.mkdir(parents=True, exist_ok=True)
     config = dataclasses.replace(best["config"], seed=seed)
     atomic.write_json(folder / "config.json", config.to_dict())
@@ -403,7 +428,7 @@ def collect_trials(tuner):
             "status": trial.status,
             OBJECTIVE: float(trial.score) if completed else None,
             "config": tuner.hypermodel.trial_config(trial.hyperparameters.copy()),
-            "result": training.read_json(result_path) if result_path.exists() else {},
+            "result": atomic.read_json_object(result_path) if result_path.exists() else {},
         })
     # Ties go to the earlier trial, whatever order the trial files were read in.
     rows.sort(key=lambda row: (row[OBJECTIVE] is None, -(row[OBJECTIVE] or 0.0), int(row["trial_id"])))
