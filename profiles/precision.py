@@ -89,7 +89,7 @@ def compare(variants, settings=SETTINGS, tolerance=TOLERANCE, seeds=(0,), log=pr
 def earlier_rows(path, settings):
     """The variants' rows of an earlier record at `path` made with these `settings` and `TOLERANCE`, else {}."""
     try:
-        record = training.read_json(path)
+        record = atomic.read_json_object(path)
     except (OSError, ValueError):
         return {}
     if record.get("settings") != settings or record.get("tolerance") != TOLERANCE:
