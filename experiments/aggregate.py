@@ -41,7 +41,7 @@ import numpy as np
 
 from experiments import atomic, significance
 from experiments.favor_floor import FloorError, largest_floor_mass
-from experiments.history import damage as history_damage, largest_fall, read_history, validation_curve
+from experiments.history import HistoryError, largest_fall, read_history, validation_curve
 from experiments.metrics import read_metrics
 from experiments.run_config import EXECUTION_FIELDS
 from experiments.setting_ablations import SETTING_ABLATIONS
@@ -152,11 +152,11 @@ def aggregate_cell(root, cell):
         sessions = read_sessions(folder)
         commits[str(seed)] = list(dict.fromkeys(str(session.get("commit")) for session in sessions))
         xla[str(seed)] = ran_with_xla(configs[seed], sessions)
-        damaged = history_damage(folder / "history.csv")  # rows that do not read (the report reads what rows it has)
-        if damaged:  # the test metrics stand; the curve, its fall and the time are named, not guessed
-            runs[seed]["val_fall"] = {"damaged": damaged}
-        else:
+        try:
             history = read_history(folder / "history.csv")
+        except HistoryError as error:  # the test metrics stand; the curve, its fall and the time are named, not guessed
+            runs[seed]["val_fall"] = {"damaged": str(error)}
+        else:
             curves.append(validation_curve(history))
             runs[seed]["val_fall"] = largest_fall(curves[-1])
             minutes[str(seed)] = sum(float(row["epoch_seconds"]) for row in history) / 60

@@ -65,7 +65,7 @@ from pathlib import Path
 from experiments.aggregate import BASELINE, queue_part, ran_with_xla, read_sessions, write_aggregate as aggregate_cells
 from experiments.benchmark_profiles import get_profile
 from experiments.cli import SELECTION_OPTIONS, expand_variants, fail, interruptible, out_of_memory, parser
-from experiments.history import read_history
+from experiments.history import HistoryError, read_history
 from experiments.metrics import read_metrics
 from experiments.run_config import RunError, check_keep_epochs
 from experiments.setting_ablations import SETTING_ABLATIONS
@@ -264,9 +264,14 @@ def expected_seconds(job, root, statistic=max, device=None):
             return False
         return ran_with_xla(config, read_sessions(folder)) == job.config.jit_compile
 
+    def epoch_seconds(folder):
+        try:
+            return [float(row["epoch_seconds"]) for row in read_history(folder / "history.csv")]
+        except HistoryError:  # damaged by hand or disk: the report names it, the forecast leaves it out
+            return []
+
     def epoch_times_of(folders):
-        runs = [[float(row["epoch_seconds"]) for row in read_history(folder / "history.csv")]
-                for folder in folders if like_job(folder)]
+        runs = [epoch_seconds(folder) for folder in folders if like_job(folder)]
         runs = [seconds for seconds in runs if seconds]
         if not runs:
             return None
@@ -282,7 +287,7 @@ def expected_seconds(job, root, statistic=max, device=None):
     if times is None:
         return None
     first, later = times
-    left = job.config.epochs - len(read_history(job.folder(root) / "history.csv"))
+    left = job.config.epochs - len(epoch_seconds(job.folder(root)))  # damaged: refused until mended (`training`)
     return first + later * (left - 1) if left > 0 else 0.0
 
 

@@ -68,8 +68,9 @@ def evaluate(path, dataset=None, limit=None, batch_size=None, out=None):
     """
     path = Path(path)
     kind = _path_kind(path)
-    try:
+    try:  # HistoryError, or a config.json that is no JSON object
         config = atomic.read_json_object(path / "config.json") if kind == "run" else {}
+        rows = read_history(path / "history.csv") if kind == "run" else []
     except ValueError as error:
         raise EvaluationError(str(error)) from None
     # The run's own test split: cut to its limit only if the run cut it (`limit_test`).
@@ -105,7 +106,7 @@ def evaluate(path, dataset=None, limit=None, batch_size=None, out=None):
         **classification_metrics(labels, probabilities, model.params, splits.label_names),
         "params": model.params,
         "flops_per_image": model.flops(),
-        **history_metrics(path / "history.csv" if kind == "run" else None),
+        **history_metrics(rows),
         **{
             f"latency_ms_batch{batch}": measure_latency(model.predict, model.image_shape, model.dtype, batch, repeats)
             for batch, repeats in LATENCY_REPEATS.items()
@@ -120,7 +121,7 @@ def evaluate(path, dataset=None, limit=None, batch_size=None, out=None):
     if kind == "run" and (path / "export" / "saved_model.pb").is_file():
         check_export(path / "export", images, labels, probabilities, batch_size, out)
     if kind == "run" and (path / "logs").is_dir():
-        log_test_metrics(path / "logs" / "test", metrics, step=len(read_history(path / "history.csv")))
+        log_test_metrics(path / "logs" / "test", metrics, step=len(rows))
     # Last: a run folder with metrics.json is finished, so everything else must be written by now.
     atomic.write_json(out / "metrics.json", metrics, sort_keys=False)
     return metrics

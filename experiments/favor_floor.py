@@ -76,9 +76,12 @@ def checkpoint_files(path):
 
 def checkpoint_epoch(model_file, weights_file, run):
     """(epochs trained, validation accuracy then) of a checkpoint, from its run's history.csv; (None, None) unknown."""
-    from experiments.history import read_history, validation_curve
+    from experiments.history import HistoryError, read_history, validation_curve
 
-    epochs, accuracy = validation_curve(read_history(run / "history.csv")) if run else ([], [])
+    try:
+        epochs, accuracy = validation_curve(read_history(run / "history.csv")) if run else ([], [])
+    except HistoryError as error:
+        raise FloorError(str(error)) from None
     if weights_file is not None:
         done = int(re.search(r"epoch(\d+)", weights_file.name).group(1))
         return done, dict(zip(epochs, accuracy)).get(done)
@@ -189,9 +192,10 @@ def main(argv=None):
     try:
         if args.stabilizer is not None:
             check_choice("stabilizer", args.stabilizer, STABILIZERS)
-        first_run = checkpoint_files(args.checkpoints[0])[2]
-        for path in args.checkpoints[1:]:
-            checkpoint_files(path)
+        files = [checkpoint_files(path) for path in args.checkpoints]
+        for found in files:  # a damaged history.csv is refused before the measurement, not after it
+            checkpoint_epoch(*found)
+        first_run = files[0][2]
     except ValueError as error:  # FloorError, or check_choice's
         return fail(prog, error)
     out = Path(args.out) if args.out else first_run

@@ -12,40 +12,49 @@ from pathlib import Path
 from experiments import atomic
 
 
-def read_history(path):
-    """The rows of a history CSV as dicts ([] when missing)."""
-    if not Path(path).is_file():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+class HistoryError(ValueError):
+    """A history.csv that does not read, or lacks an epoch's row, named in one line."""
 
 
-def damage(path, epochs=0):
-    """None if every row of `path` reads and one is there for each of the first `epochs` epochs, else what is
-    wrong, in words.
+def read_history(path, epochs=0):
+    """The rows of a history CSV as dicts ([] when missing), each checked; HistoryError for the first that is
+    not an epoch's row, or when any of the first `epochs` epochs (0-based) has no row.
 
-    The run writes every row before the backup of its epoch (`checkpoints`), so a resumed run always has
-    them; a hand edit or a damaged disk may not. Resuming over a row that does not read ended in a
-    traceback, and over missing rows in a run whose history lacks them, which then counted as unfinished
-    and trained again from the start.
+    A row reads when every cell is there, "epoch" is an integer and every other cell a number ("epoch_seconds"
+    among them), empty only in a validation column (an epoch without validation). The run writes every row
+    before the backup of its epoch (`checkpoints`), so a resumed run always has them; a hand edit or a damaged
+    disk may not, and the readers (the resume, the report, the queue's forecast, the pilots) turned that into
+    a traceback, or resumed over missing rows into a run whose history lacked them, which then counted as
+    unfinished and trained again from the start.
     """
-    try:
-        rows = read_history(path)
-    except (csv.Error, ValueError) as error:
-        return f"{path} does not read as CSV ({error})"
-    for line, row in enumerate(rows, start=2):
+    path, rows = Path(path), []
+    if path.is_file():
         try:
-            int(row["epoch"]), float(row.get("val_accuracy") or 0.0)
-            whole = None not in row and None not in row.values()  # csv.DictReader's marks of too few or many cells
-        except (KeyError, TypeError, ValueError):
-            whole = False
-        if not whole:
-            return f"{path}, line {line}, is no epoch's row"
+            with open(path, newline="") as f:
+                rows = list(csv.DictReader(f))
+        except (csv.Error, ValueError) as error:
+            raise HistoryError(f"{path} does not read as CSV ({error})") from None
+    for line, row in enumerate(rows, start=2):
+        if not _reads(row):
+            raise HistoryError(f"{path}, line {line}, is no epoch's row")
     missing = sorted(set(range(epochs)) - {int(row["epoch"]) for row in rows})
     if missing:
-        return (f"{path} has no row with epoch {', '.join(map(str, missing))} (0-based), of the {epochs} epochs "
-                "the backup has seen")
-    return None
+        raise HistoryError(f"{path} has no row with epoch {', '.join(map(str, missing))} (0-based), of the "
+                           f"{epochs} epochs the backup has seen")
+    return rows
+
+
+def _reads(row):
+    if None in row or None in row.values():  # csv.DictReader's marks of too few or too many cells
+        return False
+    try:
+        int(row["epoch"]), float(row["epoch_seconds"])
+        for key, cell in row.items():
+            if key != "epoch" and (cell or not key.startswith("val_")):
+                float(cell)
+    except (KeyError, ValueError):
+        return False
+    return True
 
 
 def validation_curve(rows):
@@ -74,7 +83,7 @@ def largest_fall(curve):
 def cut_history(path, epochs):
     """Keep the rows of epochs < `epochs` (atomically); return the best val_accuracy among them."""
     if not epochs:
-        Path(path).unlink(missing_ok=True)  # unread: a damaged file (`damage`) is no reason not to start afresh
+        Path(path).unlink(missing_ok=True)  # unread: a damaged file is no reason not to start afresh
         return None
     rows = read_history(path)
     kept = [row for row in rows if int(row["epoch"]) < epochs]

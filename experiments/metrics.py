@@ -1,6 +1,6 @@
 """The quality of a model's test predictions, and of its training curve, as plain numbers.
 
-Pure numpy and csv (no Keras), so every formula is tested by hand on tiny
+Pure numpy (no Keras), so every formula is tested by hand on tiny
 examples (`tests/test_evaluation.py`).
 """
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 
 from experiments import atomic
-from experiments.history import read_history
 
 # A class whose probability underflowed to 0 (float32 softmax) would make the
 # log-likelihood -inf and AIC/BIC useless; one such confident mistake counts
@@ -125,8 +124,8 @@ def classification_metrics(labels, probabilities, num_params, label_names=None):
     }
 
 
-def history_metrics(history_csv):
-    """Training cost and speed of convergence from a Keras CSVLogger file.
+def history_metrics(rows):
+    """Training cost and speed of convergence from the rows of a run's history.csv (`history.read_history`).
 
     Returns a dict:
         train_seconds_per_epoch: median of the `epoch_seconds` column (the
@@ -135,21 +134,15 @@ def history_metrics(history_csv):
             first epoch whose val_accuracy reaches 0.90 / 0.95 / 0.99, None
             if none does. The number is the logged 0-based `epoch` plus one,
             so a resumed run that repeats an epoch still counts right.
-    Every value is None when `history_csv` is None, missing or empty.
+    Every value is None when there are no rows.
     """
-    result = {"train_seconds_per_epoch": None}
-    result.update({_threshold_key(t): None for t in ACCURACY_THRESHOLDS})
-    if history_csv is None:
-        return result
-    rows = read_history(history_csv)
-    seconds = [float(row["epoch_seconds"]) for row in rows if row.get("epoch_seconds")]
-    if seconds:
-        result["train_seconds_per_epoch"] = statistics.median(seconds)
+    seconds = [float(row["epoch_seconds"]) for row in rows]
+    result = {"train_seconds_per_epoch": statistics.median(seconds) if seconds else None}
     for threshold in ACCURACY_THRESHOLDS:
         result[_threshold_key(threshold)] = next(
             (
-                int(row["epoch"]) + 1 if row.get("epoch") else index + 1
-                for index, row in enumerate(rows)
+                int(row["epoch"]) + 1
+                for row in rows
                 if row.get("val_accuracy") and float(row["val_accuracy"]) >= threshold - _FLOAT32_SLACK
             ),
             None,

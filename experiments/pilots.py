@@ -20,7 +20,7 @@ from experiments import atomic
 from experiments.benchmark_profiles import PILOTS
 from experiments.aggregate import BASELINE, paired_difference, seed_folders, summarize
 from experiments.cli import fail, parser
-from experiments.history import read_history
+from experiments.history import HistoryError, read_history
 
 PILOT_ROOT = "cpu-pilots"
 
@@ -119,7 +119,10 @@ def render(summaries, singles=()):
 def main(argv=None):
     args = parser("pilots", __doc__, "results-dir").parse_args(argv)
     root = Path(args.results_dir) / PILOT_ROOT
-    summaries = [summarize_pilot(root, setting) for setting in PILOTS if (root / setting).is_dir()]
+    try:
+        summaries = [summarize_pilot(root, setting) for setting in PILOTS if (root / setting).is_dir()]
+    except HistoryError as error:
+        return fail("pilots", error)
     if not summaries:
         return fail("pilots", f"no pilot runs under {root}")
     singles = single_runs(root, PILOTS)

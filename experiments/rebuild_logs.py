@@ -26,7 +26,7 @@ start_backend("rebuild_logs")  # before the imports below load Keras: drops Tens
 
 from experiments.evaluation import log_test_metrics
 from experiments.event_logs import EpochScalars
-from experiments.history import read_history
+from experiments.history import HistoryError, read_history
 from experiments.run_config import RunConfig
 from experiments.training import log_hparams
 
@@ -45,7 +45,11 @@ def check(folder):
         raise RebuildError(f"{folder} is not a finished run folder (no {', '.join(missing)})")
     if (folder / "logs").exists():
         raise RebuildError(f"{folder / 'logs'} exists; only a run without logs is rebuilt")
-    if not read_history(folder / "history.csv"):
+    try:
+        rows = read_history(folder / "history.csv")
+    except HistoryError as error:
+        raise RebuildError(str(error)) from None
+    if not rows:
         raise RebuildError(f"{folder / 'history.csv'} has no epochs")
 
 

@@ -367,13 +367,15 @@ def training_finished(config, out_dir):
     """True once every epoch is logged and the backup is gone: only evaluation is left.
 
     The backup is removed when fit returns, so a run killed during evaluation
-    would otherwise train again from scratch.
+    would otherwise train again from scratch. Without a backup, a history that
+    does not read is a run to train from the start, as its refusal said (`_fit`).
     """
-    return (
-        not (out_dir / "backup").exists()
-        and (out_dir / "best.keras").exists()
-        and len(_history_rows(out_dir)) == config.epochs
-    )
+    if (out_dir / "backup").exists() or not (out_dir / "best.keras").exists():
+        return False
+    try:
+        return len(_history_rows(out_dir)) == config.epochs
+    except history.HistoryError:
+        return False
 
 
 @contextlib.contextmanager
@@ -496,9 +498,11 @@ def _fit(config, splits, source, out_dir, verbose, keep_epochs=()):
     backup_dir = out_dir / "backup"
     model, start_epoch = checkpoints.restore(build, backup_dir, log=lambda line: print(line, file=sys.stderr))
     say_missed_epochs(keep_epochs, start_epoch, out_dir)
-    damaged = history.damage(out_dir / "history.csv", start_epoch) if start_epoch else None  # a fresh start keeps none
-    if damaged:
-        raise RunError(f"{damaged}: mend it, or remove {backup_dir} to train the run again from the start")
+    try:
+        if start_epoch:  # a fresh start keeps none of it
+            history.read_history(out_dir / "history.csv", start_epoch)
+    except history.HistoryError as error:
+        raise RunError(f"{error}: mend it, or remove {backup_dir} to train the run again from the start") from None
     record_provenance(out_dir, start_epoch, model.jit_compile)  # after the checks: a damaged record refuses unwritten
     best_so_far = history.cut_history(out_dir / "history.csv", start_epoch)
 

@@ -51,6 +51,11 @@ def files(tmp):
     other_export.mkdir()
     (other_export / "saved_model.pb").write_bytes(b"")
     (other_export / "export_of.json").write_text(json.dumps({"run": "/elsewhere/run"}))
+    damaged = tmp / "damaged_history_run"
+    damaged.mkdir()
+    (damaged / "config.json").write_text(json.dumps({"dataset": "mnist"}))
+    (damaged / "best.keras").write_bytes(b"")
+    (damaged / "history.csv").write_text("epoch,epoch_seconds,val_accuracy\n0,abc,0.5\n")
     (tmp / "notes").mkdir()
     (tmp / "notes" / "todo.txt").write_text("mine\n")
     (tmp / "results" / "tiny").mkdir(parents=True)  # a profile's folder, before its first run ends
@@ -146,6 +151,8 @@ CASES = {
     "evaluate a damaged SavedModel": (evaluate.main, ["{tmp}/other_export", "--dataset", "mnist"], "as a SavedModel"),
     "evaluate bogus .keras": (evaluate.main, ["{tmp}/bogus.keras", "--dataset", "mnist"],
                               "bogus.keras is no .keras file (not a zip archive: damaged, or another format)"),
+    "evaluate a run whose history.csv does not read": (evaluate.main, ["{tmp}/damaged_history_run"],
+                                                       "history.csv, line 2, is no epoch's row"),
     "evaluate an empty path": (evaluate.main, [""], "empty string"),
     # the benchmark
     "train --distribute data on TF": (train.main, [*TINY, "--distribute", "data", "--out", "{tmp}/run"], "KERAS_BACKEND=jax"),

@@ -285,13 +285,15 @@ def test_a_run_with_a_damaged_metrics_json_is_queued_again_and_missing_from_the_
     assert cell()["seeds"]["finished"] == [0] and cell()["seeds"]["missing"] == [1]
 
 
-def test_a_config_provenance_or_history_damaged_by_hand_does_not_stop_the_report(tmp_path):
+@pytest.mark.parametrize("row", ["x,1,2,3", "2,0.9,0.9,abc"])
+def test_a_config_provenance_or_history_damaged_by_hand_does_not_stop_the_report(tmp_path, row):
     # A list in config.json or provenance.json, or a history row that does not read, ended the report in a
-    # traceback ('list' object has no attribute 'get'; list indices; invalid literal for int()).
+    # traceback ('list' object has no attribute 'get'; list indices; invalid literal for int(); could not convert
+    # string to float, from an epoch_seconds cell).
     jobs, root, cell = two_finished_seeds(tmp_path)
     (jobs[0].folder(root) / "provenance.json").write_text("[1]")
     with open(jobs[0].folder(root) / "history.csv", "a") as f:
-        f.write("x,1,2,3\n")
+        f.write(row + "\n")
     (jobs[1].folder(root) / "config.json").write_text("[1]")
     result = cell()
     assert result["seeds"]["finished"] == [0] and result["seeds"]["missing"] == [1]
@@ -977,6 +979,21 @@ def test_the_first_epoch_which_compiles_is_forecast_apart_from_the_later_ones(tm
     assert benchmark.expected_seconds(second, root) == 0.0
 
 
+def test_a_damaged_history_is_left_out_of_the_forecast(tmp_path):
+    # An epoch_seconds cell that was no number ended the queue, its list and its forecast in a traceback.
+    profile = get_profile("tiny")
+    first, second, _, _ = benchmark.plan(profile, tmp_path)
+    root = benchmark.profile_root(tmp_path, profile)
+    _fake_finished_run(first.folder(root), [40.0, 10.0])
+    with open(first.folder(root) / "history.csv", "a") as f:
+        f.write("2,abc\n")
+    assert benchmark.expected_seconds(second, root) is None
+    second.folder(root).mkdir(parents=True)  # its own history damaged: it trains again once mended, so all of it
+    (second.folder(root) / "history.csv").write_text("epoch,epoch_seconds\n0,\n")
+    (first.folder(root) / "history.csv").write_text("epoch,epoch_seconds\n0,40.0\n")
+    assert benchmark.expected_seconds(second, root) == 40.0 * second.config.epochs
+
+
 def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tmp_path, capsys):
     profile = get_profile("tiny")  # 1 epoch per run; softmax-absolute and favor-absolute, seeds 0 and 1
     jobs = benchmark.plan(profile, tmp_path)
@@ -1102,7 +1119,7 @@ def test_killed_benchmark_resumes_and_aggregates(tmp_path, capsys):
     assert "so this table mixes code versions" in (root / "README.md").read_text()
 
 
-def test_pilot_summary_by_hand(tmp_path):
+def test_pilot_summary_by_hand(tmp_path, capsys):
     from experiments import pilots
 
     # Setting d16, seeds 0 and 1: best validation accuracy per run, 2 epochs of 900 s = 0.5 h each.
@@ -1123,6 +1140,12 @@ def test_pilot_summary_by_hand(tmp_path):
     assert summary["gaps"]["relu-absolute"]["mean"] == pytest.approx(0.055)
     assert summary["variants"]["softmax-absolute"]["hours_per_run"] == pytest.approx(0.5)
     assert "| d16 | (the first) | relu-absolute | 55.50 (2) | +5.50" in (tmp_path / "cpu-pilots" / "README.md").read_text()
+    # A cell that is no number ended the summary in a traceback (could not convert string to float).
+    with open(folder / "history.csv", "a") as f:
+        f.write("2,abc,0.9\n")
+    capsys.readouterr()
+    assert pilots.main(["--results-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"pilots: error: {folder / 'history.csv'}, line 4, is no epoch's row"
 
 
 def test_variants_all_expands_to_the_twelve_of_the_comparison_and_selects_their_runs_of_the_queue(tmp_path):

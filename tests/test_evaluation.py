@@ -20,6 +20,7 @@ import performer_keras
 from experiments.evaluation import evaluate
 from experiments.export import export_saved_model
 from experiments.metrics import classification_metrics, format_table, history_metrics
+from experiments.history import read_history
 from experiments.models import EvaluationError
 from experiments.flops import analytic_attention_flops, count_flops, count_training_flops
 from run_folders import tiny_run_folder
@@ -116,15 +117,14 @@ def test_history_metrics_by_hand(tmp_path):
         "2,0.93,0.3,0.955,0.2,6.0\n"
         "3,0.96,0.2,0.94,0.2,5.5\n"
     )
-    assert history_metrics(history) == {
+    assert history_metrics(read_history(history)) == {
         "train_seconds_per_epoch": 5.75,  # median of 12, 5, 6, 5.5
         "epochs_to_90": 2,
         "epochs_to_95": 3,
         "epochs_to_99": None,
     }
     nothing = dict.fromkeys(("train_seconds_per_epoch", "epochs_to_90", "epochs_to_95", "epochs_to_99"))
-    assert history_metrics(tmp_path / "missing.csv") == nothing
-    assert history_metrics(None) == nothing
+    assert history_metrics(read_history(tmp_path / "missing.csv")) == nothing
 
 
 # === FLOPs ===

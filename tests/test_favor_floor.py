@@ -111,7 +111,7 @@ def favor_run(tmp_path_factory):
     """A run folder with best.keras after epoch 2 of 3 and a backup of epoch 3."""
     run = tmp_path_factory.mktemp("favor-run")
     model = tiny_run_folder(run, "favor-absolute", {"variant": "favor-absolute", "dataset": "mnist"},
-                            "epoch,accuracy,val_accuracy\n0,0.5,0.80\n1,0.7,0.90\n2,0.6,0.85\n")
+                            "epoch,accuracy,epoch_seconds,val_accuracy\n0,0.5,9,0.80\n1,0.7,9,0.90\n2,0.6,9,0.85\n")
     (run / "backup").mkdir()
     model.save_weights(run / "backup" / "epoch0003.weights.h5")
     return run
@@ -143,6 +143,7 @@ def test_main_writes_one_record_per_checkpoint(favor_run):
     ("bare-keras", "is not in a run folder; give --out"),
     ("bare-keras-out", "no run config.json to take the dataset from; give --dataset"),
     ("stabilizer", "Unknown stabilizer 'max'; expected one of ('logits', 'exponent')"),
+    ("damaged-history", "history.csv, line 3, is no epoch's row"),  # refused before it is measured, not after
 ])
 def test_bad_checkpoints_fail_in_one_line(favor_run, tmp_path, capsys, case, message):
     softmax = tmp_path / "softmax"
@@ -154,10 +155,16 @@ def test_bad_checkpoints_fail_in_one_line(favor_run, tmp_path, capsys, case, mes
     loose.write_bytes((favor_run / "backup" / "epoch0003.weights.h5").read_bytes())
     bare = tmp_path / "model.keras"
     bare.write_bytes((favor_run / "best.keras").read_bytes())
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for name in ("best.keras", "config.json"):
+        (damaged / name).write_bytes((favor_run / name).read_bytes())
+    (damaged / "history.csv").write_text("epoch,accuracy,epoch_seconds,val_accuracy\n0,0.5,9,0.80\n1,0.7,x,0.90\n")
     argv = {"missing": [str(tmp_path / "nothing")], "loose-weights": [str(favor_run), str(loose)],
             "softmax": [str(softmax)], "bare-keras": [str(bare)],
             "bare-keras-out": [str(bare), "--out", str(tmp_path / "out")],
-            "stabilizer": [str(favor_run), "--stabilizer", "max", "--out", str(tmp_path / "out")]}[case]
+            "stabilizer": [str(favor_run), "--stabilizer", "max", "--out", str(tmp_path / "out")],
+            "damaged-history": [str(damaged), "--out", str(tmp_path / "out")]}[case]
     assert favor_floor.main([*argv, "--limit", "4"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m experiments.favor_floor: error:") and message in lines[0]

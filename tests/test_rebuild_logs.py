@@ -86,9 +86,13 @@ def test_bad_folders_are_refused_in_one_line_before_anything_is_written(trained,
     no_epochs = without_logs(trained, tmp_path / "no_epochs")
     header = (no_epochs / "history.csv").read_text().splitlines()[0]
     (no_epochs / "history.csv").write_text(header + "\n")
+    damaged = without_logs(trained, tmp_path / "damaged")  # a cell that was no number ended in a traceback
+    with open(damaged / "history.csv", "a") as f:
+        f.write("x" + header.count(",") * ",1" + "\n")
     cases = [([str(trained)], "exists; only a run without logs is rebuilt"),
              ([str(good), str(unfinished)], "is not a finished run folder (no metrics.json)"),
              ([str(no_epochs)], "history.csv has no epochs"),
+             ([str(good), str(damaged)], "is no epoch's row"),
              ([str(tmp_path / "missing")], "is not a finished run folder (no config.json, history.csv, metrics.json)")]
     for argv, said in cases:
         capsys.readouterr()
