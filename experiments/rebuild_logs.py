@@ -15,19 +15,19 @@ run, is refused, so nothing a run wrote itself is ever replaced.
 """
 
 import datetime
-import json
 import shutil
 import sys
 from pathlib import Path
 
+from experiments import atomic
 from experiments.cli import Distinct, fail, parser, start_backend
 
 start_backend("rebuild_logs")  # before the imports below load Keras: drops TensorFlow's start-up log
 
 from experiments.evaluation import log_test_metrics
 from experiments.event_logs import EpochScalars
-from experiments.history import HistoryError, read_history
-from experiments.run_config import RunConfig
+from experiments.history import read_history
+from experiments.run_config import RunConfig, RunError
 from experiments.training import log_hparams
 
 REBUILT_NOTE = "REBUILT.txt"
@@ -38,19 +38,28 @@ class RebuildError(ValueError):
 
 
 def check(folder):
-    """RebuildError unless `folder` is a finished run folder without logs/."""
+    """(RunConfig, metrics, history rows) of `folder`; RebuildError unless it is a finished run folder without logs/."""
     folder = Path(folder)
     missing = [name for name in ("config.json", "history.csv", "metrics.json") if not (folder / name).is_file()]
     if missing:
         raise RebuildError(f"{folder} is not a finished run folder (no {', '.join(missing)})")
     if (folder / "logs").exists():
         raise RebuildError(f"{folder / 'logs'} exists; only a run without logs is rebuilt")
-    try:
+    try:  # a record damaged by hand or disk (HistoryError among them), each named with its file
+        recorded = atomic.read_json_object(folder / "config.json")
+        metrics = atomic.read_json_object(folder / "metrics.json")
         rows = read_history(folder / "history.csv")
-    except HistoryError as error:
+    except ValueError as error:
         raise RebuildError(str(error)) from None
     if not rows:
         raise RebuildError(f"{folder / 'history.csv'} has no epochs")
+    unknown = sorted(set(recorded) - set(RunConfig.fields()))
+    if unknown:
+        raise RebuildError(f"{folder / 'config.json'} describes no run (unknown keys {unknown})")
+    try:
+        return RunConfig.from_recorded(recorded), metrics, rows
+    except RunError as error:
+        raise RebuildError(f"{folder / 'config.json'} describes no run ({error})") from None
 
 
 def rebuild(folder):
@@ -59,11 +68,8 @@ def rebuild(folder):
     They are written to logs.partial/ (cleared first) and renamed to logs/
     once complete, so a kill midway leaves no logs/ that would be refused.
     """
-    check(folder)
+    config, metrics, rows = check(folder)
     folder = Path(folder)
-    recorded = json.loads((folder / "config.json").read_text())
-    metrics = json.loads((folder / "metrics.json").read_text())
-    rows = read_history(folder / "history.csv")
     logs = folder / "logs.partial"
     shutil.rmtree(logs, ignore_errors=True)
     # Training's own writers, fed each epoch's logs as history.csv kept them.
@@ -73,7 +79,7 @@ def rebuild(folder):
                                                 if key != "epoch" and value not in ("", None)})
     curves.on_train_end()
     log_test_metrics(logs / "test", metrics, step=len(rows))
-    log_hparams(logs, RunConfig.from_recorded(recorded))
+    log_hparams(logs, config)
     (logs / REBUILT_NOTE).write_text(
         f"Rebuilt on {datetime.date.today().isoformat()} by `python -m experiments.rebuild_logs {folder}` from this "
         "run's history.csv, metrics.json and config.json; the event files' wall times are the rebuild's.\n")

@@ -89,10 +89,24 @@ def test_bad_folders_are_refused_in_one_line_before_anything_is_written(trained,
     damaged = without_logs(trained, tmp_path / "damaged")  # a cell that was no number ended in a traceback
     with open(damaged / "history.csv", "a") as f:
         f.write("x" + header.count(",") * ",1" + "\n")
+    # Each of these ended in a traceback once the checks had passed (JSONDecodeError, 'list' object is not a
+    # mapping, an unexpected keyword argument, an unknown variant).
+    records = {"metrics.json": "{", "config.json": "[1]"}
+    records_damaged = {name: without_logs(trained, tmp_path / name) for name in records}
+    for name, text in records.items():
+        (records_damaged[name] / name).write_text(text)
+    unknown_key, unknown_variant = (without_logs(trained, tmp_path / name) for name in ("unknown_key", "unknown_variant"))
+    recorded = json.loads((trained / "config.json").read_text())
+    (unknown_key / "config.json").write_text(json.dumps({**recorded, "colour": "red"}))
+    (unknown_variant / "config.json").write_text(json.dumps({**recorded, "variant": "favor-nowhere"}))
     cases = [([str(trained)], "exists; only a run without logs is rebuilt"),
              ([str(good), str(unfinished)], "is not a finished run folder (no metrics.json)"),
              ([str(no_epochs)], "history.csv has no epochs"),
              ([str(good), str(damaged)], "is no epoch's row"),
+             ([str(good), str(records_damaged["metrics.json"])], "metrics.json is not valid JSON"),
+             ([str(records_damaged["config.json"])], "config.json holds a JSON list, not an object"),
+             ([str(unknown_key)], "config.json describes no run (unknown keys ['colour'])"),
+             ([str(unknown_variant)], "config.json describes no run (Unknown"),
              ([str(tmp_path / "missing")], "is not a finished run folder (no config.json, history.csv, metrics.json)")]
     for argv, said in cases:
         capsys.readouterr()
