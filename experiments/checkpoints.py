@@ -66,7 +66,7 @@ def saved_states(backup_dir, log=None):
             return states
         problem = "not a list of {epoch, weights}"
     except (OSError, ValueError, KeyError, TypeError) as error:
-        problem = " ".join(f"{type(error).__name__}: {error}".split())[:120]
+        problem = _one_line(error)
     found = sorted(((int(match[1]), file.name) for file in Path(backup_dir).glob("epoch*.weights.h5")
                     if (match := _WEIGHTS_NAME.fullmatch(file.name))), reverse=True)
     if log is not None:
@@ -91,11 +91,15 @@ def restore(build_model, backup_dir, log=print):
             model.load_weights(path)
         except Exception as error:  # a truncated or foreign file: any failure means "not loadable"
             fallback = f"epoch {states[index + 1]['epoch']}" if index + 1 < len(states) else "the start"
-            reason = " ".join(f"{type(error).__name__}: {error}".split())[:160]
-            log(f"backup {path} does not load ({reason}); falling back to {fallback}")
+            log(f"backup {path} does not load ({_one_line(error)}); falling back to {fallback}")
             continue
         return model, int(state["epoch"])
     return build_model(), 0
+
+
+def _one_line(error, limit=160):
+    """An exception as "Type: message" on one cut line: the type says what a bare KeyError('states') does not."""
+    return " ".join(f"{type(error).__name__}: {error}".split())[:limit]
 
 
 def weights_name(epoch):
