@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments import atomic
 from experiments.cli import Distinct, command_line, fail, parser, start_backend
 from performer_keras.options import STABILIZERS, check_choice
 
@@ -163,7 +164,12 @@ def measure(path, examples, dataset=None, stabilizer=None):
         config = run / "config.json" if run else None
         if not (config and config.is_file()):
             raise FloorError(f"{path}: no run config.json to take the dataset from; give --dataset")
-        dataset = json.loads(config.read_text())["dataset"]
+        try:
+            dataset = atomic.read_json_object(config).get("dataset")
+        except ValueError as error:
+            raise FloorError(str(error)) from None
+        if not isinstance(dataset, str):
+            raise FloorError(f"{config} names no dataset; give --dataset")
     model = load_model_only(model_file)
     if weights_file is not None:
         model.load_weights(weights_file)
@@ -202,7 +208,6 @@ def main(argv=None):
     if out is None:
         return fail(prog, f"{args.checkpoints[0]} is not in a run folder; give --out")
     start_backend(prog)
-    from experiments import atomic
     from experiments.data import DataError
 
     try:

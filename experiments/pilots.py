@@ -12,7 +12,6 @@ the paired gap softmax - kernel with its 95% interval, and the CPU hours a run
 took (sum of its epochs' seconds), so the gap per CPU hour can be compared.
 """
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from experiments import atomic
 from experiments.benchmark_profiles import PILOTS
 from experiments.aggregate import BASELINE, paired_difference, seed_folders, summarize
 from experiments.cli import fail, parser
-from experiments.history import HistoryError, read_history
+from experiments.history import read_history
 
 PILOT_ROOT = "cpu-pilots"
 
@@ -43,7 +42,7 @@ def summarize_pilot(root, setting):
         if not runs:
             continue
         if config is None:
-            config = json.loads((cell / f"seed{min(runs)}" / "config.json").read_text())
+            config = atomic.read_json_object(cell / f"seed{min(runs)}" / "config.json")
         variants[cell.name] = {
             "dataset": cell.parent.name,
             "val_accuracy": summarize([v[0] for v in runs.values()]),
@@ -71,7 +70,7 @@ def single_runs(root, settings):
         folder = metrics.parent
         if folder.relative_to(root).parts[0] in settings:
             continue
-        config = json.loads((folder / "config.json").read_text())
+        config = atomic.read_json_object(folder / "config.json")
         accuracy, hours = run_summary(folder)
         rows.append({"folder": str(folder.relative_to(root)), "config": config, "val_accuracy": accuracy, "hours": hours})
     return rows
@@ -119,13 +118,13 @@ def render(summaries, singles=()):
 def main(argv=None):
     args = parser("pilots", __doc__, "results-dir").parse_args(argv)
     root = Path(args.results_dir) / PILOT_ROOT
-    try:
+    try:  # a run's records damaged by hand or disk (HistoryError among them), each named with its file
         summaries = [summarize_pilot(root, setting) for setting in PILOTS if (root / setting).is_dir()]
-    except HistoryError as error:
+        singles = single_runs(root, PILOTS)
+    except ValueError as error:
         return fail("pilots", error)
     if not summaries:
         return fail("pilots", f"no pilot runs under {root}")
-    singles = single_runs(root, PILOTS)
     atomic.write_json(root / "pilots.json", {"pilots": summaries, "single_runs": singles}, indent=1, sort_keys=False)
     atomic.write_text(root / "README.md", render(summaries, singles))
     print(f"pilots: {root / 'README.md'}")

@@ -1146,6 +1146,12 @@ def test_pilot_summary_by_hand(tmp_path, capsys):
     capsys.readouterr()
     assert pilots.main(["--results-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == f"pilots: error: {folder / 'history.csv'}, line 4, is no epoch's row"
+    # So did a config.json that is no JSON object ('list' object has no attribute 'items').
+    (folder / "history.csv").write_text("epoch,epoch_seconds,val_accuracy\n0,900,0.5\n")
+    first = tmp_path / "cpu-pilots" / "d16" / "runs" / "cifar10" / "favor-absolute" / "seed0"
+    (first / "config.json").write_text("[1]")
+    assert pilots.main(["--results-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"pilots: error: {first / 'config.json'} holds a JSON list, not an object"
 
 
 def test_variants_all_expands_to_the_twelve_of_the_comparison_and_selects_their_runs_of_the_queue(tmp_path):

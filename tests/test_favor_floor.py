@@ -144,6 +144,8 @@ def test_main_writes_one_record_per_checkpoint(favor_run):
     ("bare-keras-out", "no run config.json to take the dataset from; give --dataset"),
     ("stabilizer", "Unknown stabilizer 'max'; expected one of ('logits', 'exponent')"),
     ("damaged-history", "history.csv, line 3, is no epoch's row"),  # refused before it is measured, not after
+    ("config-list", "config.json holds a JSON list, not an object"),  # these two were tracebacks
+    ("config-without-dataset", "config.json names no dataset; give --dataset"),
 ])
 def test_bad_checkpoints_fail_in_one_line(favor_run, tmp_path, capsys, case, message):
     softmax = tmp_path / "softmax"
@@ -159,12 +161,19 @@ def test_bad_checkpoints_fail_in_one_line(favor_run, tmp_path, capsys, case, mes
     damaged.mkdir()
     for name in ("best.keras", "config.json"):
         (damaged / name).write_bytes((favor_run / name).read_bytes())
+    listed, undescribed = tmp_path / "listed", tmp_path / "undescribed"
+    for folder, config in ((listed, "[1]"), (undescribed, "{}")):
+        folder.mkdir()
+        (folder / "best.keras").write_bytes((favor_run / "best.keras").read_bytes())
+        (folder / "config.json").write_text(config)
     (damaged / "history.csv").write_text("epoch,accuracy,epoch_seconds,val_accuracy\n0,0.5,9,0.80\n1,0.7,x,0.90\n")
     argv = {"missing": [str(tmp_path / "nothing")], "loose-weights": [str(favor_run), str(loose)],
             "softmax": [str(softmax)], "bare-keras": [str(bare)],
             "bare-keras-out": [str(bare), "--out", str(tmp_path / "out")],
             "stabilizer": [str(favor_run), "--stabilizer", "max", "--out", str(tmp_path / "out")],
-            "damaged-history": [str(damaged), "--out", str(tmp_path / "out")]}[case]
+            "damaged-history": [str(damaged), "--out", str(tmp_path / "out")],
+            "config-list": [str(listed), "--out", str(tmp_path / "out")],
+            "config-without-dataset": [str(undescribed), "--out", str(tmp_path / "out")]}[case]
     assert favor_floor.main([*argv, "--limit", "4"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m experiments.favor_floor: error:") and message in lines[0]
