@@ -11,7 +11,6 @@ gets a summary. Plotting uses matplotlib without a display.
 """
 
 import datetime
-import json
 import math
 import os
 from pathlib import Path
@@ -30,19 +29,26 @@ MODE_TITLE = {"forward": "forward", "train": "forward + backward"}
 
 
 def load_results(result_dir):
-    """(manifest, bench records, scaling records) found under `result_dir`."""
+    """(manifest, bench records, scaling records) found under `result_dir`; ValueError naming a file that is
+    no JSON object (every write here is atomic, but a hand edit or a damaged disk is not)."""
     result_dir = Path(result_dir)
-    manifest_path = result_dir / "run.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"runs": []}
-    read = lambda folder: [json.loads(p.read_text()) for p in sorted((result_dir / folder).glob("*.json"))]
-    return manifest, read("bench"), read("scaling")
+    read = lambda folder: [atomic.read_json_object(p) for p in sorted((result_dir / folder).glob("*.json"))]
+    return read_manifest(result_dir / "run.json"), read("bench"), read("scaling")
+
+
+def read_manifest(path):
+    """The run.json at `path` ({"runs": []} where there is none yet); ValueError where it does not read."""
+    manifest = atomic.read_json_object(path) if Path(path).exists() else {"runs": []}
+    if not isinstance(manifest.get("runs"), list):
+        raise ValueError(f"{path} holds no list of runs")
+    return manifest
 
 
 def append_run(result_dir, entry):
     """Add one command to `result_dir`/run.json, replacing the entry of the same run (same `started`)
     and any earlier run of the same command, whose files this one has overwritten."""
     path = Path(result_dir) / "run.json"
-    manifest = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    manifest = read_manifest(path)
     manifest["runs"] = [run for run in manifest["runs"] if run.get("started") != entry.get("started")
                         and run.get("command") != entry.get("command")] + [entry]
     path.parent.mkdir(parents=True, exist_ok=True)

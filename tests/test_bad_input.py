@@ -13,6 +13,7 @@ import os
 import re
 from pathlib import Path
 
+import keras
 import pytest
 
 import evaluate
@@ -20,6 +21,7 @@ import train
 from experiments import benchmark, report
 from profiles import __main__ as profiles_main
 from profiles import engine, precision, xla_cost
+from profiles.bench import device_slug
 from tuning import __main__ as tuning_main
 from tuning import sweep
 
@@ -56,6 +58,12 @@ def files(tmp):
     (damaged / "config.json").write_text(json.dumps({"dataset": "mnist"}))
     (damaged / "best.keras").write_bytes(b"")
     (damaged / "history.csv").write_text("epoch,epoch_seconds,val_accuracy\n0,abc,0.5\n")
+    measured = tmp / "measured" / device_slug() / keras.backend.backend()  # profiles' results, damaged by hand
+    (measured / "bench").mkdir(parents=True)
+    (measured / "run.json").write_text(json.dumps({"runs": []}))
+    (measured / "bench" / "softmax-absolute-mnist.json").write_text("[1]")
+    (tmp / "unlisted" / device_slug() / keras.backend.backend()).mkdir(parents=True)
+    (tmp / "unlisted" / device_slug() / keras.backend.backend() / "run.json").write_text("{")
     (tmp / "notes").mkdir()
     (tmp / "notes" / "todo.txt").write_text("mine\n")
     (tmp / "results" / "tiny").mkdir(parents=True)  # a profile's folder, before its first run ends
@@ -223,6 +231,11 @@ CASES = {
                                             "--skip-bench and --skip-scaling together leave nothing to measure"),
     "profiles --report-only with nothing measured": (profiles_main.main, ["--report-only", "--out", "{tmp}/p"],
                                                      "holds no profile results to summarise"),
+    # Both a traceback: at once, or after the measurements (the summary read every record there).
+    "profiles --report-only over a damaged record": (profiles_main.main, ["--report-only", "--out", "{tmp}/measured"],
+                                                     "softmax-absolute-mnist.json holds a JSON list, not an object"),
+    "profiles over a damaged run.json": (profiles_main.main, ["--skip-scaling", "--out", "{tmp}/unlisted"],
+                                         "run.json is not valid JSON"),
     # profiles.engine
     "engine --baseline missing": (engine.main, ["--baseline", "{tmp}/old-checkout", "--out", "{tmp}/e"],
                                   "is not a checkout of this project"),
