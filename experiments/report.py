@@ -711,7 +711,7 @@ def write_readme_section(results_dir):
     """README_SECTION.md in `results_dir` from every results/<profile>/aggregate.json there."""
     results_dir = Path(results_dir)
     reports = [
-        (json.loads(path.read_text()), os.path.relpath(path.parent / "README.md", results_dir.parent))
+        (atomic.read_json_object(path), os.path.relpath(path.parent / "README.md", results_dir.parent))
         for path in results_dir.glob("*/aggregate.json")
     ]
     order = list(PROFILES)
@@ -777,6 +777,13 @@ def main(argv=None):
             # A mistyped --results-dir would otherwise get a new folder holding a report of no runs.
             raise RunError(f"{root} does not exist: no run of profile {profile.name!r} to report; "
                            f"run {commands(profile, args.results_dir)['benchmark']} first")
+        for path in Path(args.results_dir).glob("*/aggregate.json"):  # the other profiles' README_SECTION.md rows
+            try:
+                if path.parent != root:
+                    atomic.read_json_object(path)
+            except ValueError as error:  # a hand edit or a damaged disk: refused before anything is written
+                raise RunError(f"{error}; `python -m experiments.report --profile {path.parent.name}` writes it "
+                               "again") from None
     except (RunError, ValueError) as error:
         return fail("report", error)
     start_backend("report")

@@ -67,6 +67,9 @@ def files(tmp):
     (tmp / "notes").mkdir()
     (tmp / "notes" / "todo.txt").write_text("mine\n")
     (tmp / "results" / "tiny").mkdir(parents=True)  # a profile's folder, before its first run ends
+    (tmp / "sections" / "tiny").mkdir(parents=True)
+    (tmp / "sections" / "small").mkdir()
+    (tmp / "sections" / "small" / "aggregate.json").write_text("{")  # another profile's report, damaged by hand
 
 
 CASES = {
@@ -194,6 +197,10 @@ CASES = {
     "benchmark --results-dir an empty string": (benchmark.main, ["--profile", "tiny", "--results-dir", ""], "empty string"),
     "report on a results folder without the profile": (report.main, ["--profile", "tiny", "--results-dir", "{tmp}/r"],
                                                         "r/tiny does not exist: no run of profile 'tiny' to report"),
+    "report beside another profile's damaged aggregate.json": (  # a traceback after this profile's report
+        report.main, ["--profile", "tiny", "--results-dir", "{tmp}/sections"],
+        "small/aggregate.json is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
+        "(char 1)); `python -m experiments.report --profile small` writes it again"),
     "report --profile huge": (report.main, ["--profile", "huge", "--results-dir", "{tmp}/r"], "huge"),
     # --variants is checked as it is parsed, by every tool that takes it: the profiles met a misspelt name only
     # after minutes of measuring the others, the benchmark and report once they had planned the queue.
