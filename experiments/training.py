@@ -125,6 +125,12 @@ def check_export_folder(export_dir, out_dir):
     export_dir = Path(export_dir)
     if export_dir.exists() and not export_dir.is_dir():
         raise RunError(f"--export {export_dir} is a file; give a folder")
+    run, export = Path(out_dir).resolve(), export_dir.resolve()
+    # Inside the run folder the SavedModel would mix with the run's own files (in backup/ it made the finished
+    # run train again from the start); `export/` is the place evaluate.py checks it against the run.
+    if export in (run, *run.parents) or (run in export.parents and export != run / "export"):
+        raise RunError(f"--export {export_dir} {'holds' if export in (run, *run.parents) else 'is inside'} the run "
+                       f"folder {out_dir}; give {Path(out_dir) / 'export'} or a folder outside it")
     if not export_dir.is_dir() or not any(export_dir.iterdir()):
         return
     record = export_dir / EXPORT_RECORD

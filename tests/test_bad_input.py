@@ -111,6 +111,13 @@ CASES = {
     # These three ended in a traceback (AttributeError: 'list' object has no attribute 'get'; a JSONDecodeError).
     "train --out a run whose config is a list": (train.main, [*TINY, "--out", "{tmp}/list_run"],
                                                  "list_run/config.json holds a JSON list, not an object"),
+    # Each was exported into the run's own files; into backup/, a rerun with --export trained the run again.
+    "train --export into its run folder": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/run"],
+                                           "holds the run folder"),
+    "train --export into its backup": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/run/backup"],
+                                       "/run/backup is inside the run folder"),
+    "train --export above its run folder": (train.main, [*TINY, "--out", "{tmp}/new/run", "--export", "{tmp}/new"],
+                                            "holds the run folder"),
     "train --export whose record does not read": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/broken_export"],
                                                   "broken_export/export_of.json is not valid JSON"),
     "train --export a folder of other files": (train.main, [*TINY, "--out", "{tmp}/run", "--export", "{tmp}/notes"],
