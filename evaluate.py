@@ -6,8 +6,10 @@
 
 Writes metrics.json and confusion_matrix.png (into the run folder, --out, or
 beside the model); see `experiments.evaluation.evaluate`. The test data is the
-run's own (its config.json) unless --dataset or --limit says otherwise, and
-evaluating a finished run on other test data needs --out, so its results stay.
+run's own (its config.json) unless --dataset or --limit says otherwise. A run
+folder's metrics.json is its result and its mark of "finished", so anything but
+the run's own evaluation (other test data, a run still training, its best.keras
+or export/, another run) needs --out there.
 Predictions go in batches of 256 (--batch-size). Bad input (a missing path, an
 unknown dataset, something that is not a model) prints one line to stderr and
 exits with status 2, like an argparse usage error; running out of memory, one

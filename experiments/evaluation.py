@@ -53,7 +53,8 @@ def evaluate(path, dataset=None, limit=None, batch_size=None, out=None):
             whole test split.
         batch_size: batch of the test predictions (default `PREDICT_BATCH`).
         out: folder for metrics.json and confusion_matrix.png; default the run
-            folder, else the folder holding the model.
+            folder, else the folder holding the model. A run folder takes only
+            its own run's evaluation on its own test split (`_check_out`).
 
     A run folder with an `export/` SavedModel also runs the export on the
     test set and writes export_agreement.json (max |p_keras - p_savedmodel|,
@@ -63,8 +64,9 @@ def evaluate(path, dataset=None, limit=None, batch_size=None, out=None):
     Returns: the metrics dict, keys exactly `METRIC_KEYS`.
 
     Raises:
-        EvaluationError: bad path, no dataset, or data that does not fit the
-            model. data.DataError: the dataset cannot be loaded.
+        EvaluationError: bad path, no dataset, data that does not fit the
+            model, or an `out` that is a run folder this evaluation must not
+            write into. data.DataError: the dataset cannot be loaded.
     """
     path = Path(path)
     kind = _path_kind(path)
@@ -76,15 +78,12 @@ def evaluate(path, dataset=None, limit=None, batch_size=None, out=None):
     # The run's own test split: cut to its limit only if the run cut it (`limit_test`).
     own_limit = config.get("limit") if config.get("limit_test", True) else None
     test_limit = own_limit if limit is None else (None if limit == "all" else limit)
-    if kind == "run" and out is None and (path / "metrics.json").is_file() and (
-        (dataset or config.get("dataset")) != config.get("dataset") or test_limit != own_limit
-    ):
-        raise EvaluationError(f"{path} is a finished run measured on its own test split; evaluating it on other data "
-                              f"would overwrite its metrics.json: give --out DIR for the new result")
+    other_data = (dataset or config.get("dataset"), test_limit) != (config.get("dataset"), own_limit)
     dataset = dataset or config.get("dataset")
     if dataset is None:
         raise EvaluationError(f"{path} is not a run folder with config.json, so a dataset is required")
     out = Path(out) if out else (path if kind == "run" else path.parent)
+    _check_out(path, kind, out, other_data)
 
     batch_size = batch_size or PREDICT_BATCH
     splits = load_dataset(dataset, test_limit)
@@ -166,6 +165,25 @@ def check_export(export_path, images, labels, probabilities, batch_size, out):
             f"{agreement['max_abs_difference']:.3g} > {EXPORT_TOLERANCE}"
         )
     return agreement
+
+
+def _check_out(path, kind, out, other_data):
+    """EvaluationError where writing metrics.json into `out` would overwrite or invent a run's result.
+
+    A run folder's metrics.json is its result, and the mark the queue and train.py take for "finished".
+    """
+    if not (out / "config.json").is_file():
+        return
+    give = "give --out DIR for the new result"
+    if kind != "run" or out.resolve() != path.resolve():
+        # A .keras file or a SavedModel inside a run folder (best.keras, export/) wrote there by default.
+        raise EvaluationError(f"{out} is a run folder: evaluating {path} there would overwrite its metrics.json; {give}")
+    if (path / "backup").is_dir():
+        raise EvaluationError(f"{path} is still training (backup/ holds its state): its metrics.json would mark it "
+                              f"finished; {give}, or finish it with its train.py command")
+    if (path / "metrics.json").is_file() and other_data:
+        raise EvaluationError(f"{path} is a finished run measured on its own test split; evaluating it on other data "
+                              f"would overwrite its metrics.json: {give}")
 
 
 def _path_kind(path):

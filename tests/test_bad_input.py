@@ -58,6 +58,13 @@ def files(tmp):
     (damaged / "config.json").write_text(json.dumps({"dataset": "mnist"}))
     (damaged / "best.keras").write_bytes(b"")
     (damaged / "history.csv").write_text("epoch,epoch_seconds,val_accuracy\n0,abc,0.5\n")
+    for name in ("finished_run", "training_run"):  # a run folder's metrics.json is its result and its end mark
+        (tmp / name / "export").mkdir(parents=True)
+        (tmp / name / "config.json").write_text(json.dumps({"dataset": "mnist"}))
+        (tmp / name / "best.keras").write_bytes(b"")
+        (tmp / name / "export" / "saved_model.pb").write_bytes(b"")
+    (tmp / "finished_run" / "metrics.json").write_text(json.dumps({"test_accuracy": 0.9}))
+    (tmp / "training_run" / "backup").mkdir()
     measured = tmp / "measured" / device_slug() / keras.backend.backend()  # profiles' results, damaged by hand
     (measured / "bench").mkdir(parents=True)
     (measured / "run.json").write_text(json.dumps({"runs": []}))
@@ -172,6 +179,17 @@ CASES = {
     "evaluate a run whose history.csv does not read": (evaluate.main, ["{tmp}/damaged_history_run"],
                                                        "history.csv, line 2, is no epoch's row"),
     "evaluate an empty path": (evaluate.main, [""], "empty string"),
+    # Each wrote metrics.json into a run folder: over a finished run's result, or marking a training run finished.
+    "evaluate a run's best.keras into its run folder": (evaluate.main, ["{tmp}/finished_run/best.keras", "--dataset", "mnist"],
+                                                        "finished_run is a run folder: evaluating"),
+    "evaluate a run's export into its run folder": (evaluate.main, ["{tmp}/finished_run/export", "--dataset", "mnist"],
+                                                    "would overwrite its metrics.json; give --out DIR"),
+    "evaluate --out another run's folder": (evaluate.main, ["{tmp}/bogus.keras", "--dataset", "mnist", "--out",
+                                                            "{tmp}/training_run"], "training_run is a run folder"),
+    "evaluate a run still training": (evaluate.main, ["{tmp}/training_run"], "is still training (backup/ holds its state)"),
+    "evaluate a finished run on other data, --out itself": (
+        evaluate.main, ["{tmp}/finished_run", "--limit", "50", "--out", "{tmp}/finished_run"],
+        "is a finished run measured on its own test split"),
     # the benchmark
     "train --distribute data on TF": (train.main, [*TINY, "--distribute", "data", "--out", "{tmp}/run"], "KERAS_BACKEND=jax"),
     "train --distribute model": (train.main, [*TINY, "--distribute", "model", "--out", "{tmp}/run"], "--distribute"),

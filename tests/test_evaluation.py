@@ -246,6 +246,8 @@ def test_evaluate_bare_saved_model_needs_a_dataset(run_folder, tmp_path):
     run, model = run_folder
     with pytest.raises(EvaluationError, match="dataset is required"):
         evaluate(run / "export")
+    with pytest.raises(EvaluationError, match="is a run folder: evaluating .* would overwrite its metrics.json"):
+        evaluate(run / "export", dataset="mnist", limit=50)  # by default beside the SavedModel: in the run folder
     metrics = evaluate(run / "export", dataset="mnist", limit=50, out=tmp_path)
     assert set(json.loads((tmp_path / "metrics.json").read_text())) == CONTRACT_KEYS
     # A bare SavedModel knows neither its variant nor its training history.
