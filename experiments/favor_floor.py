@@ -149,9 +149,11 @@ def largest_floor_mass(run):
     return {"floor_mass": mass, "layer": layer, "epoch": epoch}
 
 
-def measure(path, examples, dataset=None, stabilizer=None):
+def measure(path, found, examples, dataset=None, stabilizer=None):
     """{"checkpoint", "epoch", "val_accuracy", "dataset", "stabilizer", "layers": [layer_floor per FAVOR+ layer]};
-    FloorError if none. `stabilizer` replaces the model's own (None: keep it)."""
+    FloorError if none. `found` is (model_file, weights_file, run, epoch, accuracy): checkpoint_files(path) and
+    checkpoint_epoch of them, which main reads before anything is measured. `stabilizer` replaces the model's own
+    (None: keep it)."""
     import keras
 
     from experiments.data import load_dataset
@@ -159,7 +161,7 @@ def measure(path, examples, dataset=None, stabilizer=None):
     from performer_keras.favor_features import FavorFeatures
     from performer_keras.kernel_attention import KernelAttention
 
-    model_file, weights_file, run = checkpoint_files(path)
+    model_file, weights_file, run, epoch, accuracy = found
     if dataset is None:
         config = run / "config.json" if run else None
         if not (config and config.is_file()):
@@ -183,7 +185,6 @@ def measure(path, examples, dataset=None, stabilizer=None):
     images = load_dataset(dataset, examples).test[0]
     inputs = keras.Model(model.inputs, [layer.input for layer in layers]).predict(images, verbose=0, batch_size=128)
     inputs = inputs if len(layers) > 1 else [inputs]  # predict unwraps a one-output list
-    epoch, accuracy = checkpoint_epoch(model_file, weights_file, run)
     return {"checkpoint": str(path), "epoch": epoch, "val_accuracy": accuracy, "dataset": dataset,
             "examples": len(images), "stabilizer": layers[0].features.stabilizer,
             "layers": [layer_floor(layer, x) for layer, x in zip(layers, inputs)]}
@@ -198,10 +199,9 @@ def main(argv=None):
     try:
         if args.stabilizer is not None:
             check_choice("stabilizer", args.stabilizer, STABILIZERS)
-        files = [checkpoint_files(path) for path in args.checkpoints]
-        for found in files:  # a damaged history.csv is refused before the measurement, not after it
-            checkpoint_epoch(*found)
-        first_run = files[0][2]
+        # the histories are read here, so that a damaged history.csv is refused before the measurement, not after it
+        found = [(*files, *checkpoint_epoch(*files)) for files in map(checkpoint_files, args.checkpoints)]
+        first_run = found[0][2]
     except ValueError as error:  # FloorError, or check_choice's
         return fail(prog, error)
     out = Path(args.out) if args.out else first_run
@@ -211,7 +211,8 @@ def main(argv=None):
     from experiments.data import DataError
 
     try:
-        measured = [measure(path, examples, args.dataset, args.stabilizer) for path in args.checkpoints]
+        measured = [measure(path, checkpoint, examples, args.dataset, args.stabilizer)
+                    for path, checkpoint in zip(args.checkpoints, found)]
     except (FloorError, DataError) as error:
         return fail(prog, error)
     record = {

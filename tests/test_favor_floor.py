@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import performer_keras
-from experiments import favor_floor
+from experiments import favor_floor, history
 from performer_keras.kernel_attention import KernelAttention
 from run_folders import tiny_run_folder
 
@@ -117,8 +117,11 @@ def favor_run(tmp_path_factory):
     return run
 
 
-def test_main_writes_one_record_per_checkpoint(favor_run):
+def test_main_writes_one_record_per_checkpoint(favor_run, monkeypatch):
+    real_read, read = history.read_history, []
+    monkeypatch.setattr(history, "read_history", lambda path, **kwargs: read.append(path) or real_read(path, **kwargs))
     assert favor_floor.main([str(favor_run), str(favor_run / "backup" / "epoch0003.weights.h5"), "--limit", "8"]) == 0
+    assert len(read) == 2  # each checkpoint's history.csv once, before the measurement
     record = json.loads((favor_run / "favor_floor.json").read_text())
     assert record["command"].endswith(f"python -m experiments.favor_floor {favor_run} "
                                       f"{favor_run / 'backup' / 'epoch0003.weights.h5'} --limit 8")
