@@ -707,11 +707,22 @@ def render_readme_section(reports):
     return "\n".join(lines).rstrip() + "\n"
 
 
+def read_aggregate(path):
+    """A profile's aggregate.json; ValueError in one line where it does not read or lacks what its row of
+    README_SECTION.md needs (a hand edit, a damaged disk): the row is rendered to find out."""
+    aggregated = atomic.read_json_object(path)
+    try:
+        render_readme_section([(aggregated, "README.md")])
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as error:
+        raise ValueError(f"{path} is not a benchmark's aggregate ({error!r})") from None
+    return aggregated
+
+
 def write_readme_section(results_dir):
     """README_SECTION.md in `results_dir` from every results/<profile>/aggregate.json there."""
     results_dir = Path(results_dir)
     reports = [
-        (atomic.read_json_object(path), os.path.relpath(path.parent / "README.md", results_dir.parent))
+        (read_aggregate(path), os.path.relpath(path.parent / "README.md", results_dir.parent))
         for path in results_dir.glob("*/aggregate.json")
     ]
     order = list(PROFILES)
@@ -780,7 +791,7 @@ def main(argv=None):
         for path in Path(args.results_dir).glob("*/aggregate.json"):  # the other profiles' README_SECTION.md rows
             try:
                 if path.parent != root:
-                    atomic.read_json_object(path)
+                    read_aggregate(path)
             except ValueError as error:  # a hand edit or a damaged disk: refused before anything is written
                 raise RunError(f"{error}; `python -m experiments.report --profile {path.parent.name}` writes it "
                                "again") from None

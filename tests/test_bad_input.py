@@ -77,6 +77,9 @@ def files(tmp):
     (tmp / "sections" / "tiny").mkdir(parents=True)
     (tmp / "sections" / "small").mkdir()
     (tmp / "sections" / "small" / "aggregate.json").write_text("{")  # another profile's report, damaged by hand
+    (tmp / "keyless" / "tiny").mkdir(parents=True)
+    (tmp / "keyless" / "small").mkdir()
+    (tmp / "keyless" / "small" / "aggregate.json").write_text(json.dumps({"profile": "small"}))  # valid JSON, no row
 
 
 CASES = {
@@ -226,6 +229,10 @@ CASES = {
         report.main, ["--profile", "tiny", "--results-dir", "{tmp}/sections"],
         "small/aggregate.json is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
         "(char 1)); `python -m experiments.report --profile small` writes it again"),
+    "report beside another profile's aggregate.json without its keys": (  # a KeyError after this profile's report
+        report.main, ["--profile", "tiny", "--results-dir", "{tmp}/keyless"],
+        "small/aggregate.json is not a benchmark's aggregate (KeyError('settings')); `python -m experiments.report "
+        "--profile small` writes it again"),
     "report --profile huge": (report.main, ["--profile", "huge", "--results-dir", "{tmp}/r"], "huge"),
     # --variants is checked as it is parsed, by every tool that takes it: the profiles met a misspelt name only
     # after minutes of measuring the others, the benchmark and report once they had planned the queue.
