@@ -534,10 +534,13 @@ def pack_finished(jobs, root, archive):
 
     finished = [job.folder(root) for job in jobs if is_finished(job, root)]
     with replacing(archive) as tmp, tarfile.open(tmp, "w:gz") as tar:
+        # An archive written into a run folder would otherwise hold itself being written, or its previous copy.
+        itself = {Path(tmp).resolve(), Path(archive).resolve()}
         for folder in finished:
             for path in sorted(folder.rglob("*")):
                 parts = path.relative_to(folder).parts
-                if path.is_file() and path.name != "best.keras" and not {"backup", KEPT_DIR} & set(parts):
+                if path.is_file() and path.name != "best.keras" and not {"backup", KEPT_DIR} & set(parts) \
+                        and path.resolve() not in itself:
                     tar.add(path, arcname=str(path.relative_to(root)))
     return len(finished)
 

@@ -836,6 +836,12 @@ def test_max_minutes_starts_only_runs_the_time_left_can_finish_and_archive_packs
         names = sorted(tar.getnames())
     assert names == sorted(str(job.folder(root).relative_to(root) / name)
                            for job in (first, third) for name in ("history.csv", "metrics.json"))
+    # Written into a finished run folder, twice: neither the archive being written nor its previous copy is in it.
+    inside = first.folder(root) / "runs.tar.gz"
+    for _ in range(2):
+        assert benchmark.pack_finished(jobs, root, inside) == 2
+        with tarfile.open(inside) as tar:
+            assert sorted(tar.getnames()) == names
 
 
 @pytest.mark.parametrize("error, logged", [
