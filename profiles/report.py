@@ -29,11 +29,18 @@ MODE_TITLE = {"forward": "forward", "train": "forward + backward"}
 
 
 def load_results(result_dir):
-    """(manifest, bench records, scaling records) found under `result_dir`; ValueError naming a file that is
-    no JSON object (every write here is atomic, but a hand edit or a damaged disk is not)."""
+    """(manifest, bench records, scaling records) found under `result_dir`; ValueError in one line naming a file
+    that is no JSON object, or the folder whose records lack what the summary needs (every write here is atomic,
+    but a hand edit or a damaged disk is not): the summary's text is rendered to find out."""
     result_dir = Path(result_dir)
     read = lambda folder: [atomic.read_json_object(p) for p in sorted((result_dir / folder).glob("*.json"))]
-    return read_manifest(result_dir / "run.json"), read("bench"), read("scaling")
+    manifest, bench, scaling = read_manifest(result_dir / "run.json"), read("bench"), read("scaling")
+    try:
+        summary_lines(manifest, bench, scaling, {}, result_dir)
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as error:
+        raise ValueError(f"the records in {result_dir} do not make a summary ({error!r}): one was edited by hand or "
+                         "written by other code") from None
+    return manifest, bench, scaling
 
 
 def read_manifest(path):
@@ -363,6 +370,14 @@ def write_summary(result_dir):
     """Write `result_dir`/summary.md and its plots from the JSON results there; returns the path."""
     result_dir = Path(result_dir)
     manifest, bench, scaling = load_results(result_dir)
+    plots = plot_scaling(scaling, result_dir / "plots") if scaling else {}
+    path = result_dir / "summary.md"
+    atomic.write_text(path, "\n".join(summary_lines(manifest, bench, scaling, plots, result_dir)).rstrip() + "\n")
+    return path
+
+
+def summary_lines(manifest, bench, scaling, plots, result_dir):
+    """summary.md's lines; `plots` is plot_scaling's {(scope, quantity): path}."""
     header = (bench or scaling or [{}])[0]
     # The date of the newest measurement, not of the writing: the summary is a function of its JSON files.
     finished = max((run["finished"] for run in manifest.get("runs", []) if run.get("finished")), default=None)
@@ -389,11 +404,8 @@ def write_summary(result_dir):
     if bench:
         lines += ["## Per variant: the full ViT", ""] + bench_section(bench)
     if scaling:
-        plots = plot_scaling(scaling, result_dir / "plots")
         lines += ["## Scaling with the number of tokens N", ""] + scaling_section(scaling, plots, result_dir)
-    path = result_dir / "summary.md"
-    atomic.write_text(path, "\n".join(lines).rstrip() + "\n")
-    return path
+    return lines
 
 
 def _headline(scaling):

@@ -69,6 +69,9 @@ def files(tmp):
     (measured / "bench").mkdir(parents=True)
     (measured / "run.json").write_text(json.dumps({"runs": []}))
     (measured / "bench" / "softmax-absolute-mnist.json").write_text("[1]")
+    keyless = tmp / "keyless_profile" / device_slug() / keras.backend.backend()  # valid JSON, not a bench record
+    (keyless / "bench").mkdir(parents=True)
+    (keyless / "bench" / "softmax-absolute-mnist.json").write_text(json.dumps({"variant": "softmax-absolute"}))
     (tmp / "unlisted" / device_slug() / keras.backend.backend()).mkdir(parents=True)
     (tmp / "unlisted" / device_slug() / keras.backend.backend() / "run.json").write_text("{")
     (tmp / "notes").mkdir()
@@ -273,6 +276,9 @@ CASES = {
     # Both a traceback: at once, or after the measurements (the summary read every record there).
     "profiles --report-only over a damaged record": (profiles_main.main, ["--report-only", "--out", "{tmp}/measured"],
                                                      "softmax-absolute-mnist.json holds a JSON list, not an object"),
+    "profiles --report-only over a record without its keys": (profiles_main.main, ["--report-only", "--out",
+                                                                                "{tmp}/keyless_profile"],
+                                                              "do not make a summary (KeyError("),
     "profiles over a damaged run.json": (profiles_main.main, ["--skip-scaling", "--out", "{tmp}/unlisted"],
                                          "run.json is not valid JSON"),
     # profiles.engine
