@@ -90,6 +90,11 @@ def write_json(path, value, indent=2, sort_keys=True):
     write_text(path, json.dumps(value, indent=indent, sort_keys=sort_keys) + "\n")
 
 
+# What rendering a record that reads as a JSON object but lacks keys, or holds the wrong types, raises: a hand
+# edit or other code, not this module's writes. Readers render to find out, and refuse such records in one line.
+MALFORMED = (KeyError, TypeError, AttributeError, IndexError, ValueError)
+
+
 def read_json_object(path):
     """The JSON object (a dict) that `write_json` wrote to `path`; ValueError naming the file if it is something else.
 

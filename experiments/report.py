@@ -713,16 +713,17 @@ def read_aggregate(path):
     aggregated = atomic.read_json_object(path)
     try:
         render_readme_section([(aggregated, "README.md")])
-    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as error:
+    except atomic.MALFORMED as error:
         raise ValueError(f"{path} is not a benchmark's aggregate ({error!r})") from None
     return aggregated
 
 
 def write_readme_section(results_dir):
-    """README_SECTION.md in `results_dir` from every results/<profile>/aggregate.json there."""
+    """README_SECTION.md in `results_dir` from every results/<profile>/aggregate.json there (main has checked
+    them with read_aggregate before writing anything)."""
     results_dir = Path(results_dir)
     reports = [
-        (read_aggregate(path), os.path.relpath(path.parent / "README.md", results_dir.parent))
+        (atomic.read_json_object(path), os.path.relpath(path.parent / "README.md", results_dir.parent))
         for path in results_dir.glob("*/aggregate.json")
     ]
     order = list(PROFILES)

@@ -76,15 +76,16 @@ def run(args, argv):
     variants = args.variants
     result_dir = args.out / bench.device_slug() / keras.backend.backend()
     try:  # a results file damaged by hand or disk stops the command now, not after its measurements
-        manifest, bench_records, scaling_records = report.load_results(result_dir)
+        results = report.load_results(result_dir)
     except ValueError as error:
         return fail(PROG, f"{error}: mend it or remove it")
     if args.report_only:
+        manifest, bench_records, scaling_records, _ = results
         if not (manifest["runs"] or bench_records or scaling_records):
             # Else a mistyped --out, or another backend, gets a summary of nothing.
             return fail(PROG, f"{result_dir} holds no profile results to summarise; run {PROG} first "
                               "(the folder is per device and Keras backend)")
-        print(report.write_summary(result_dir))
+        print(report.write_summary(result_dir, results))
         return 0
     failed = []
     started = datetime.datetime.now().isoformat(timespec="seconds")

@@ -12,7 +12,6 @@ gets a summary. Plotting uses matplotlib without a display.
 
 import datetime
 import math
-import os
 from pathlib import Path
 
 from experiments import atomic
@@ -23,24 +22,28 @@ from profiles import SCOPES
 from profiles.scaling import CHEAP_SECONDS, FIT_POINTS, MAX_CALLS, MODES, crossover, fit_exponent, ok_points
 
 MODE_TITLE = {"forward": "forward", "train": "forward + backward"}
+PLOTS = "plots"  # the figures' folder in a result_dir
+# A scaling point's quantities: (axis label, scale).
+QUANTITIES = {"ms": ("time per call (ms)", 1.0), "peak_bytes": ("peak memory (MiB)", 2**-20)}
 
 
 # === Reading ===
 
 
 def load_results(result_dir):
-    """(manifest, bench records, scaling records) found under `result_dir`; ValueError in one line naming a file
-    that is no JSON object, or the folder whose records lack what the summary needs (every write here is atomic,
-    but a hand edit or a damaged disk is not): the summary's text is rendered to find out."""
+    """(manifest, bench records, scaling records, summary.md's text) of `result_dir`; ValueError in one line naming
+    a file that is no JSON object, or the folder whose records lack what the summary needs (every write here is
+    atomic, but a hand edit or a damaged disk is not): the text is rendered here, so that is found out before
+    anything is measured or written."""
     result_dir = Path(result_dir)
     read = lambda folder: [atomic.read_json_object(p) for p in sorted((result_dir / folder).glob("*.json"))]
     manifest, bench, scaling = read_manifest(result_dir / "run.json"), read("bench"), read("scaling")
     try:
-        summary_lines(manifest, bench, scaling, {}, result_dir)
-    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as error:
+        text = summary_text(manifest, bench, scaling)
+    except atomic.MALFORMED as error:
         raise ValueError(f"the records in {result_dir} do not make a summary ({error!r}): one was edited by hand or "
                          "written by other code") from None
-    return manifest, bench, scaling
+    return manifest, bench, scaling, text
 
 
 def read_manifest(path):
@@ -73,16 +76,15 @@ def series_key(record):
 def plot_scaling(scaling, out_dir):
     """Per scope, time and peak memory against N on log-log axes.
 
-    One figure per (scope, quantity): rows are the modes, columns the
-    positions, one line per kernel. Returns {(scope, quantity): path}.
+    One figure per (scope, quantity), named by plot_name: rows are the modes,
+    columns the positions, one line per kernel.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {}
     for scope in sorted({s["scope"] for s in scaling}):
         records = [s for s in scaling if s["scope"] == scope]
         positions = [p for p in POSITIONS if any(s["position"] == p for s in records)]
-        for quantity, label, scale in (("ms", "time per call (ms)", 1.0), ("peak_bytes", "peak memory (MiB)", 2**-20)):
+        for quantity, (label, scale) in QUANTITIES.items():
             figure = new_figure(4 * len(positions), 3.4 * len(MODES))
             axes = figure.subplots(len(MODES), len(positions), squeeze=False, sharex=True)
             for row, mode in enumerate(MODES):
@@ -116,10 +118,12 @@ def plot_scaling(scaling, out_dir):
             figure.legend(legend.values(), legend.keys(), loc="upper right", fontsize=8)
             figure.suptitle(f"{scope}: {label} against N (x: failed at that N)", fontsize=11)
             figure.tight_layout(rect=(0, 0, 0.9, 1))
-            path = out_dir / f"{scope}-{'time' if quantity == 'ms' else 'memory'}.png"
-            atomic.save_figure(figure, path, dpi=90)
-            paths[(scope, quantity)] = path
-    return paths
+            atomic.save_figure(figure, out_dir / plot_name(scope, quantity), dpi=90)
+
+
+def plot_name(scope, quantity):
+    """The file, in PLOTS, of plot_scaling's figure of `quantity` (a key of QUANTITIES) in `scope`."""
+    return f"{scope}-{'time' if quantity == 'ms' else 'memory'}.png"
 
 
 # === Tables ===
@@ -228,7 +232,7 @@ def _variant_order(record):
             list(POSITIONS).index(position) if position in POSITIONS else len(POSITIONS))
 
 
-def scaling_section(scaling, plots, result_dir):
+def scaling_section(scaling):
     lines = []
     scopes = sorted({s["scope"] for s in scaling}, key=SCOPES.index)
     first = scaling[0]
@@ -250,10 +254,8 @@ def scaling_section(scaling, plots, result_dir):
     for scope in scopes:
         records = sorted((s for s in scaling if s["scope"] == scope), key=_variant_order)
         lines += [f"### {scope}: {'one KernelAttention layer' if scope == 'layer' else 'the whole ViT'}", ""]
-        for quantity in ("ms", "peak_bytes"):
-            path = plots.get((scope, quantity))
-            if path:
-                lines += [f"![{scope} {quantity}]({os.path.relpath(path, result_dir)})", ""]
+        for quantity in QUANTITIES:
+            lines += [f"![{scope} {quantity}]({PLOTS}/{plot_name(scope, quantity)})", ""]
         lines += _crossover_tables(records, scope)
         lines += _exponent_table(records)
         lines += _points_table(records)
@@ -366,18 +368,20 @@ def crossover_summary(scaling, scope="layer"):
 # === Summary ===
 
 
-def write_summary(result_dir):
-    """Write `result_dir`/summary.md and its plots from the JSON results there; returns the path."""
+def write_summary(result_dir, results=None):
+    """Write `result_dir`/summary.md and its plots from the JSON results there (`results`: load_results' answer,
+    where the caller has it); returns the path."""
     result_dir = Path(result_dir)
-    manifest, bench, scaling = load_results(result_dir)
-    plots = plot_scaling(scaling, result_dir / "plots") if scaling else {}
+    _, _, scaling, text = results or load_results(result_dir)
+    if scaling:
+        plot_scaling(scaling, result_dir / PLOTS)
     path = result_dir / "summary.md"
-    atomic.write_text(path, "\n".join(summary_lines(manifest, bench, scaling, plots, result_dir)).rstrip() + "\n")
+    atomic.write_text(path, text)
     return path
 
 
-def summary_lines(manifest, bench, scaling, plots, result_dir):
-    """summary.md's lines; `plots` is plot_scaling's {(scope, quantity): path}."""
+def summary_text(manifest, bench, scaling):
+    """summary.md's text."""
     header = (bench or scaling or [{}])[0]
     # The date of the newest measurement, not of the writing: the summary is a function of its JSON files.
     finished = max((run["finished"] for run in manifest.get("runs", []) if run.get("finished")), default=None)
@@ -404,8 +408,8 @@ def summary_lines(manifest, bench, scaling, plots, result_dir):
     if bench:
         lines += ["## Per variant: the full ViT", ""] + bench_section(bench)
     if scaling:
-        lines += ["## Scaling with the number of tokens N", ""] + scaling_section(scaling, plots, result_dir)
-    return lines
+        lines += ["## Scaling with the number of tokens N", ""] + scaling_section(scaling)
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def _headline(scaling):

@@ -7,6 +7,7 @@ JSON files back, as a user of the results would.
 """
 
 import json
+import shutil
 import statistics
 import os
 import subprocess
@@ -14,10 +15,12 @@ import sys
 import threading
 from pathlib import Path
 
+import keras
 import pytest
 
-from profiles import bench, report, scaling, traces
+from experiments import atomic
 from experiments.flops import analytic_model_flops
+from profiles import bench, report, scaling, traces
 from profiles.__main__ import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -157,6 +160,20 @@ def test_summary_states_crossovers_and_embeds_plots(profiled):
         assert (profiled / "plots" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     # Rewriting from the JSON alone gives the same tables.
     assert report.write_summary(profiled).read_text().split("\n", 4)[4] == summary.split("\n", 4)[4]
+
+
+def test_report_only_reads_and_renders_each_record_once(tmp_path, monkeypatch):
+    # A committed result folder where this machine's --report-only looks for it.
+    committed = REPO / "profiles/results/cpu-xeon-2core/tensorflow"
+    result_dir = shutil.copytree(committed, tmp_path / bench.device_slug() / keras.backend.backend())
+    reads, renders = [], []
+    read_json_object, summary_text = atomic.read_json_object, report.summary_text
+    monkeypatch.setattr(atomic, "read_json_object", lambda path: reads.append(Path(path).name) or read_json_object(path))
+    monkeypatch.setattr(report, "summary_text", lambda *records: renders.append(1) or summary_text(*records))
+    assert main(["--report-only", "--out", str(tmp_path)]) == 0
+    records = ["run.json"] + [p.name for folder in ("bench", "scaling") for p in sorted((committed / folder).glob("*.json"))]
+    assert sorted(reads) == sorted(records) and len(renders) == 1
+    assert (result_dir / "summary.md").read_text() == (committed / "summary.md").read_text()
 
 
 # === Child processes: limits are recorded, the sweep goes on ===
