@@ -26,6 +26,7 @@ from experiments.figures import plot_confusion_matrix
 from experiments.latency import LATENCY_REPEATS, device_name, measure_latency
 from experiments.metrics import classification_metrics, history_metrics
 from experiments.models import EvaluationError, load_keras_model, load_saved_model, predict_all
+from experiments.run_config import read_recorded
 
 METRIC_KEYS = (
     "variant", "attention", "position", "dataset", "seed",
@@ -70,16 +71,17 @@ def evaluate(path, dataset=None, limit=None, batch_size=None, out=None):
     """
     path = Path(path)
     kind = _path_kind(path)
-    try:  # HistoryError, or a config.json that is no JSON object
-        config = atomic.read_json_object(path / "config.json") if kind == "run" else {}
+    try:  # HistoryError, or a config.json that describes no run (RunError): a traceback, or accepted, once
+        config = read_recorded(path / "config.json") if kind == "run" else None
         rows = read_history(path / "history.csv") if kind == "run" else []
     except ValueError as error:
         raise EvaluationError(str(error)) from None
     # The run's own test split: cut to its limit only if the run cut it (`limit_test`).
-    own_limit = config.get("limit") if config.get("limit_test", True) else None
+    own_dataset = config.dataset if config else None
+    own_limit = config.limit if config and config.limit_test else None
     test_limit = own_limit if limit is None else (None if limit == "all" else limit)
-    other_data = (dataset or config.get("dataset"), test_limit) != (config.get("dataset"), own_limit)
-    dataset = dataset or config.get("dataset")
+    other_data = (dataset or own_dataset, test_limit) != (own_dataset, own_limit)
+    dataset = dataset or own_dataset
     if dataset is None:
         raise EvaluationError(f"{path} is not a run folder with config.json, so a dataset is required")
     out = Path(out) if out else (path if kind == "run" else path.parent)
@@ -93,15 +95,14 @@ def evaluate(path, dataset=None, limit=None, batch_size=None, out=None):
     )
     _check_fits(model, splits, path)
     probabilities = predict_all(model, images, batch_size)
-    attention = config.get("attention", model.attention)
-    position = config.get("position", model.position)
+    attention, position = model.attention, model.position
     known = attention is not None and position is not None
     metrics = {
-        "variant": config.get("variant", f"{attention}-{position}" if known else None),
+        "variant": config.variant if config else (f"{attention}-{position}" if known else None),
         "attention": attention,
         "position": position,
         "dataset": dataset,
-        "seed": config.get("seed"),
+        "seed": config.seed if config else None,
         **classification_metrics(labels, probabilities, model.params, splits.label_names),
         "params": model.params,
         "flops_per_image": model.flops(),

@@ -19,17 +19,22 @@ from experiments import atomic
 from experiments.benchmark_profiles import PILOTS
 from experiments.aggregate import BASELINE, paired_difference, seed_folders, summarize
 from experiments.cli import fail, parser
-from experiments.history import read_history
+from experiments.history import HistoryError, read_history
+from experiments.run_config import read_recorded
 
 PILOT_ROOT = "cpu-pilots"
 
 
 def run_summary(folder):
-    """(best validation accuracy, training hours) of one run folder, or None while unfinished."""
+    """(best validation accuracy, training hours) of one run folder, or None while unfinished; HistoryError where
+    the finished run's history.csv has no validated epoch (a bare `max()` error once)."""
     if not (folder / "metrics.json").is_file():
         return None
     rows = read_history(folder / "history.csv")
-    return max(float(row["val_accuracy"]) for row in rows), sum(float(row["epoch_seconds"]) for row in rows) / 3600
+    validated = [float(row["val_accuracy"]) for row in rows if row.get("val_accuracy")]
+    if not validated:
+        raise HistoryError(f"{folder / 'history.csv'} has no epoch with a validation accuracy, yet the run finished")
+    return max(validated), sum(float(row["epoch_seconds"]) for row in rows) / 3600
 
 
 def summarize_pilot(root, setting):
@@ -42,7 +47,7 @@ def summarize_pilot(root, setting):
         if not runs:
             continue
         if config is None:
-            config = atomic.read_json_object(cell / f"seed{min(runs)}" / "config.json")
+            config = read_recorded(cell / f"seed{min(runs)}" / "config.json").to_dict()
         variants[cell.name] = {
             "dataset": cell.parent.name,
             "val_accuracy": summarize([v[0] for v in runs.values()]),
@@ -70,7 +75,7 @@ def single_runs(root, settings):
         folder = metrics.parent
         if folder.relative_to(root).parts[0] in settings:
             continue
-        config = atomic.read_json_object(folder / "config.json")
+        config = read_recorded(folder / "config.json").to_dict()
         accuracy, hours = run_summary(folder)
         rows.append({"folder": str(folder.relative_to(root)), "config": config, "val_accuracy": accuracy, "hours": hours})
     return rows
@@ -118,7 +123,7 @@ def render(summaries, singles=()):
 def main(argv=None):
     args = parser("pilots", __doc__, "results-dir").parse_args(argv)
     root = Path(args.results_dir) / PILOT_ROOT
-    try:  # a run's records damaged by hand or disk (HistoryError among them), each named with its file
+    try:  # a run's records damaged by hand or disk (HistoryError, RunError among them), each named with its file
         summaries = [summarize_pilot(root, setting) for setting in PILOTS if (root / setting).is_dir()]
         singles = single_runs(root, PILOTS)
     except ValueError as error:

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+from experiments import atomic
 from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABILIZER_BEFORE_OPTION, STABILIZERS,
                                      check_bool, check_choice, check_finite, check_fraction, check_non_negative, check_positive, check_seed)
 from performer_keras.registry import (DEFAULT_QK_NORM, QK_NORM_BEFORE_OPTION, SIZES, ignored_options, list_variants,
@@ -227,6 +228,28 @@ class RunConfig:
             values.update(read_hparams(hparams_file, "--hparams file")[0])
         values.update({k: v for k, v in explicit.items() if v is not None})
         return cls(**values)
+
+
+def read_recorded(path):
+    """The RunConfig that the config.json at `path` records; RunError (a ValueError) in one line naming the file
+    where it is no JSON object, lacks a field `to_dict` always writes, or holds a key or a value no run has.
+
+    A run writes its config.json atomically, but a hand edit or a damaged disk does not: the pilots' summary read
+    such a file's keys as the run's settings, and an empty object would be a run of today's defaults.
+    """
+    try:
+        recorded = atomic.read_json_object(path)
+    except (OSError, ValueError) as error:
+        raise RunError(str(error)) from None
+    always = set(RunConfig.fields()) - set(LATER_FIELDS)
+    missing, unknown = sorted(always - set(recorded)), sorted(set(recorded) - set(RunConfig.fields()))
+    problems = ([f"lacks {missing}"] if missing else []) + ([f"unknown keys {unknown}"] if unknown else [])
+    if problems:
+        raise RunError(f"{path} describes no run ({'; '.join(problems)})")
+    try:
+        return RunConfig.from_recorded(recorded)
+    except RunError as error:
+        raise RunError(f"{path} describes no run ({error})") from None
 
 
 def check_keep_epochs(keep_epochs, epochs, whose="the run"):

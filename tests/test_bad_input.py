@@ -19,6 +19,7 @@ import pytest
 import evaluate
 import train
 from experiments import benchmark, report
+from experiments.run_config import RunConfig
 from profiles import __main__ as profiles_main
 from profiles import engine, precision, xla_cost
 from profiles.bench import device_slug
@@ -45,6 +46,10 @@ def files(tmp):
     listed.mkdir()
     (listed / "config.json").write_text("[1]")
     (listed / "best.keras").write_bytes(b"")
+    mistyped = tmp / "mistyped_run"  # a hand edit: the limit ended in a traceback, limit_test "no" counted as true
+    mistyped.mkdir()
+    (mistyped / "config.json").write_text(json.dumps({**RunConfig(dataset="mnist").to_dict(), "limit": "x"}))
+    (mistyped / "best.keras").write_bytes(b"")
     broken_export = tmp / "broken_export"
     broken_export.mkdir()
     (broken_export / "saved_model.pb").write_bytes(b"")
@@ -55,12 +60,12 @@ def files(tmp):
     (other_export / "export_of.json").write_text(json.dumps({"run": "/elsewhere/run"}))
     damaged = tmp / "damaged_history_run"
     damaged.mkdir()
-    (damaged / "config.json").write_text(json.dumps({"dataset": "mnist"}))
+    (damaged / "config.json").write_text(json.dumps(RunConfig(dataset="mnist").to_dict()))
     (damaged / "best.keras").write_bytes(b"")
     (damaged / "history.csv").write_text("epoch,epoch_seconds,val_accuracy\n0,abc,0.5\n")
     for name in ("finished_run", "training_run"):  # a run folder's metrics.json is its result and its end mark
         (tmp / name / "export").mkdir(parents=True)
-        (tmp / name / "config.json").write_text(json.dumps({"dataset": "mnist"}))
+        (tmp / name / "config.json").write_text(json.dumps(RunConfig(dataset="mnist").to_dict()))
         (tmp / name / "best.keras").write_bytes(b"")
         (tmp / name / "export" / "saved_model.pb").write_bytes(b"")
     (tmp / "finished_run" / "metrics.json").write_text(json.dumps({"test_accuracy": 0.9}))
@@ -174,6 +179,8 @@ CASES = {
     "evaluate a text file": (evaluate.main, ["{tmp}/a_file.txt"], "evaluate.py: error"),
     "evaluate corrupt config": (evaluate.main, ["{tmp}/corrupt_run"], "not valid JSON"),
     "evaluate a run whose config is a list": (evaluate.main, ["{tmp}/list_run"], "config.json holds a JSON list, not an object"),
+    "evaluate a run whose config holds a value no run has": (evaluate.main, ["{tmp}/mistyped_run"],
+                                                              "config.json describes no run (limit must be an integer"),
     "evaluate --limit 0": (evaluate.main, ["{tmp}/corrupt_run", "--limit", "0"], "--limit"),
     "evaluate --batch-size x": (evaluate.main, ["{tmp}/corrupt_run", "--batch-size", "x"], "--batch-size"),
     "evaluate --out a file": (evaluate.main, ["{tmp}/corrupt_run", "--out", "{tmp}/a_file.txt"], "is a file"),

@@ -27,7 +27,7 @@ from experiments import aggregate, benchmark, report
 from experiments.benchmark_profiles import get_profile
 from experiments.evaluation import METRIC_KEYS
 from experiments.models import EvaluationError
-from experiments.run_config import RunError
+from experiments.run_config import RunConfig, RunError
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
@@ -235,7 +235,6 @@ def test_no_benchmark_profile_limits_the_test_split():
 def test_every_profile_trains_the_performer_s_favor_though_the_library_default_is_the_exponent():
     # Every committed favor row ran with the Performer's stabiliser; the library's default changed after them.
     from experiments.benchmark_profiles import PROFILES
-    from experiments.run_config import RunConfig
 
     assert RunConfig().stabilizer == "exponent"
     for name in PROFILES:
@@ -1134,7 +1133,7 @@ def test_pilot_summary_by_hand(tmp_path, capsys):
         for seed, value in enumerate(values):
             folder = tmp_path / "cpu-pilots" / "d16" / "runs" / "cifar10" / variant / f"seed{seed}"
             folder.mkdir(parents=True)
-            (folder / "config.json").write_text(json.dumps({"variant": variant, "seed": seed, "heads": 4}))
+            (folder / "config.json").write_text(json.dumps(RunConfig(variant=variant, seed=seed, heads=4).to_dict()))
             (folder / "metrics.json").write_text("{}")
             (folder / "history.csv").write_text(
                 f"epoch,epoch_seconds,val_accuracy\n0,900,{value - 0.1}\n1,900,{value}\n")
@@ -1158,6 +1157,18 @@ def test_pilot_summary_by_hand(tmp_path, capsys):
     (first / "config.json").write_text("[1]")
     assert pilots.main(["--results-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == f"pilots: error: {first / 'config.json'} holds a JSON list, not an object"
+    # A config.json of the wrong keys was read as the run's settings, into the README's "settings that differ".
+    (first / "config.json").write_text(json.dumps({"heads": 4, "colour": "red"}))
+    assert pilots.main(["--results-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"pilots: error: {first / 'config.json'} describes no run (lacks ['absolute_position', 'batch_size', ")
+    assert err.endswith("; unknown keys ['colour'])") and "\n" not in err
+    # A finished run without a validated epoch ended in `max() arg is an empty sequence`, naming no file.
+    (first / "config.json").write_text(json.dumps(RunConfig(variant="favor-absolute", seed=0, heads=4).to_dict()))
+    (first / "history.csv").write_text("epoch,epoch_seconds,val_accuracy\n0,900,\n")
+    assert pilots.main(["--results-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (f"pilots: error: {first / 'history.csv'} has no epoch with a validation "
+                                               "accuracy, yet the run finished")
 
 
 def test_variants_all_expands_to_the_twelve_of_the_comparison_and_selects_their_runs_of_the_queue(tmp_path):

@@ -22,6 +22,7 @@ from experiments.export import export_saved_model
 from experiments.metrics import classification_metrics, format_table, history_metrics
 from experiments.history import read_history
 from experiments.models import EvaluationError
+from experiments.run_config import RunConfig
 from experiments.flops import analytic_attention_flops, count_flops, count_training_flops
 from run_folders import tiny_run_folder
 
@@ -204,8 +205,8 @@ def test_counting_flops_logs_no_deprecation_warning_of_tensorflow(caplog):
 def run_folder(tmp_path_factory):
     """A run folder as training writes it: config, checkpoint, history, export."""
     run = tmp_path_factory.mktemp("run")
-    config = dict(variant="softmax-absolute", attention="softmax", position="absolute", dataset="mnist",
-                  seed=7, limit=200, epochs=2, batch_size=32)
+    config = RunConfig(variant="softmax-absolute", dataset="mnist", size="tiny", seed=7, limit=200, epochs=2,
+                       batch_size=32).to_dict()
     model = tiny_run_folder(run, "softmax-absolute", config, "epoch,accuracy,loss,val_accuracy,val_loss,epoch_seconds\n"
                                                              "0,0.40,2.0,0.91,1.0,3.0\n"
                                                              "1,0.90,0.5,0.96,0.3,1.0\n")

@@ -99,6 +99,8 @@ def test_bad_folders_are_refused_in_one_line_before_anything_is_written(trained,
     recorded = json.loads((trained / "config.json").read_text())
     (unknown_key / "config.json").write_text(json.dumps({**recorded, "colour": "red"}))
     (unknown_variant / "config.json").write_text(json.dumps({**recorded, "variant": "favor-nowhere"}))
+    lacking = without_logs(trained, tmp_path / "lacking")  # an empty object would have been a run of the defaults
+    (lacking / "config.json").write_text(json.dumps({k: v for k, v in recorded.items() if k != "learning_rate"}))
     cases = [([str(trained)], "exists; only a run without logs is rebuilt"),
              ([str(good), str(unfinished)], "is not a finished run folder (no metrics.json)"),
              ([str(no_epochs)], "history.csv has no epochs"),
@@ -107,6 +109,7 @@ def test_bad_folders_are_refused_in_one_line_before_anything_is_written(trained,
              ([str(records_damaged["config.json"])], "config.json holds a JSON list, not an object"),
              ([str(unknown_key)], "config.json describes no run (unknown keys ['colour'])"),
              ([str(unknown_variant)], "config.json describes no run (Unknown"),
+             ([str(lacking)], "config.json describes no run (lacks ['learning_rate'])"),
              ([str(tmp_path / "missing")], "is not a finished run folder (no config.json, history.csv, metrics.json)")]
     for argv, said in cases:
         capsys.readouterr()
