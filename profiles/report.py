@@ -23,8 +23,8 @@ from profiles.scaling import CHEAP_SECONDS, FIT_POINTS, MAX_CALLS, MODES, crosso
 
 MODE_TITLE = {"forward": "forward", "train": "forward + backward"}
 PLOTS = "plots"  # the figures' folder in a result_dir
-# A scaling point's quantities: (axis label, scale).
-QUANTITIES = {"ms": ("time per call (ms)", 1.0), "peak_bytes": ("peak memory (MiB)", 2**-20)}
+# A scaling point's quantities: (plot file's name, axis label, scale).
+QUANTITIES = {"ms": ("time", "time per call (ms)", 1.0), "peak_bytes": ("memory", "peak memory (MiB)", 2**-20)}
 
 
 # === Reading ===
@@ -84,7 +84,7 @@ def plot_scaling(scaling, out_dir):
     for scope in sorted({s["scope"] for s in scaling}):
         records = [s for s in scaling if s["scope"] == scope]
         positions = [p for p in POSITIONS if any(s["position"] == p for s in records)]
-        for quantity, (label, scale) in QUANTITIES.items():
+        for quantity, (_, label, scale) in QUANTITIES.items():
             figure = new_figure(4 * len(positions), 3.4 * len(MODES))
             axes = figure.subplots(len(MODES), len(positions), squeeze=False, sharex=True)
             for row, mode in enumerate(MODES):
@@ -123,7 +123,7 @@ def plot_scaling(scaling, out_dir):
 
 def plot_name(scope, quantity):
     """The file, in PLOTS, of plot_scaling's figure of `quantity` (a key of QUANTITIES) in `scope`."""
-    return f"{scope}-{'time' if quantity == 'ms' else 'memory'}.png"
+    return f"{scope}-{QUANTITIES[quantity][0]}.png"
 
 
 # === Tables ===
