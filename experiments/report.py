@@ -718,12 +718,14 @@ def read_aggregate(path):
     return aggregated
 
 
-def write_readme_section(results_dir):
-    """README_SECTION.md in `results_dir` from every results/<profile>/aggregate.json there (main has checked
-    them with read_aggregate before writing anything)."""
+def write_readme_section(results_dir, read=None):
+    """README_SECTION.md in `results_dir` from every results/<profile>/aggregate.json there; `read` maps such a
+    path to its aggregate where the caller has it already (main reads and checks them before writing anything)."""
     results_dir = Path(results_dir)
+    read = read or {}
     reports = [
-        (atomic.read_json_object(path), os.path.relpath(path.parent / "README.md", results_dir.parent))
+        (read[path] if path in read else atomic.read_json_object(path),
+         os.path.relpath(path.parent / "README.md", results_dir.parent))
         for path in results_dir.glob("*/aggregate.json")
     ]
     order = list(PROFILES)
@@ -749,9 +751,9 @@ def _pareto(cells, dataset, root):
     return True, note + "."
 
 
-def write_report(aggregated, root, results_dir=None):
+def write_report(aggregated, root, results_dir=None, read=None):
     """Write README.md and the figures of `aggregated` into `root`; README_SECTION.md into `results_dir`
-    (from every profile's aggregate.json there).
+    (from every profile's aggregate.json there, taken from `read` where it holds one: `write_readme_section`).
 
     Returns: the README path.
     """
@@ -775,7 +777,7 @@ def write_report(aggregated, root, results_dir=None):
     readme = root / "README.md"
     atomic.write_text(readme, render(aggregated, figures))
     if results_dir is not None:
-        write_readme_section(results_dir)
+        write_readme_section(results_dir, read)
     return readme
 
 
@@ -789,19 +791,20 @@ def main(argv=None):
             # A mistyped --results-dir would otherwise get a new folder holding a report of no runs.
             raise RunError(f"{root} does not exist: no run of profile {profile.name!r} to report; "
                            f"run {commands(profile, args.results_dir)['benchmark']} first")
-        for path in Path(args.results_dir).glob("*/aggregate.json"):  # the other profiles' README_SECTION.md rows
+        others = {}  # the other profiles' README_SECTION.md rows
+        for path in Path(args.results_dir).glob("*/aggregate.json"):
             try:
                 if path.parent != root:
-                    read_aggregate(path)
+                    others[path] = read_aggregate(path)
             except ValueError as error:  # a hand edit or a damaged disk: refused before anything is written
                 raise RunError(f"{error}; `python -m experiments.report --profile {path.parent.name}` writes it "
                                "again") from None
     except (RunError, ValueError) as error:
         return fail("report", error)
     start_backend("report")
-    write_aggregate(profile, args.results_dir, selected)
-    aggregated = json.loads((root / "aggregate.json").read_text())
-    readme = write_report(aggregated, root, args.results_dir)
+    # Through JSON, as aggregate.json holds it (tuples become lists), without reading the file back.
+    aggregated = json.loads(json.dumps(write_aggregate(profile, args.results_dir, selected)))
+    readme = write_report(aggregated, root, args.results_dir, {**others, root / "aggregate.json": aggregated})
     print(f"report: {readme} ({aggregated['runs']['finished']} of {aggregated['runs']['planned']} runs finished)")
     return 0
 

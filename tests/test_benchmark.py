@@ -370,6 +370,23 @@ def test_ablations_gaps_and_missing_runs_reach_the_report(tmp_path):
     assert "small/README.md)" in (tmp_path / "README_SECTION.md").read_text()
 
 
+def test_the_report_reads_each_aggregate_once(tmp_path, monkeypatch):
+    # The committed profiles' aggregates beside a profile with no run yet, whose report adds its row.
+    for name in ("cpu", "reference", "small"):
+        (tmp_path / name).mkdir()
+        shutil.copy(REPO / "results" / name / "aggregate.json", tmp_path / name)
+    (tmp_path / "tiny").mkdir()
+    reads = []
+    read_json_object = report.atomic.read_json_object
+    monkeypatch.setattr(report.atomic, "read_json_object", lambda path: reads.append(path) or read_json_object(path))
+    assert report.main(["--profile", "tiny", "--results-dir", str(tmp_path)]) == 0
+    aggregates = sorted(Path(path) for path in reads if Path(path).name == "aggregate.json")
+    assert aggregates == sorted(tmp_path / name / "aggregate.json" for name in ("cpu", "reference", "small"))
+    # The aggregates it had in hand make the section that reading them all from disk makes.
+    section = (tmp_path / "README_SECTION.md").read_text()
+    assert report.write_readme_section(tmp_path).read_text() == section and "tiny/README.md)" in section
+
+
 def test_xla_is_not_a_different_setting_but_the_report_counts_it(tmp_path):
     profile = get_profile("tiny")
     jobs = benchmark.plan(profile, tmp_path, seeds=[0, 1])
