@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -321,6 +322,9 @@ def _read_npz(path):
         return DataError(f"{path}: {reason} (expected the keras.datasets layout: x_train, y_train, x_test, y_test, "
                          "optional label_names)")
 
+    if Path(path).is_file() and not zipfile.is_zipfile(path):
+        # np.load reads a .npy as one array and tells any other bytes as pickled data to load unsafely.
+        raise bad("not a .npz (no zip archive: a .npy, damaged, or another format)")
     try:
         archive = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as err:

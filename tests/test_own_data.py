@@ -88,11 +88,20 @@ def test_a_constant_channel_is_standardised_to_zero_and_trains(tmp_path):
     assert np.isfinite(json.loads((out / "metrics.json").read_text())["test_accuracy"])
 
 
-def test_a_file_that_is_not_an_npz_is_refused(tmp_path, capsys):
-    (tmp_path / "junk.npz").write_bytes(b"not a zip file")
+@pytest.mark.parametrize("kind", ["junk", "npy"])
+def test_a_file_that_is_not_an_npz_is_refused(tmp_path, capsys, kind):
+    # A .npy under an .npz name ended in a traceback (np.load returns an array); other bytes were told as
+    # pickled data that the user could load unsafely.
+    if kind == "npy":
+        np.save(tmp_path / "x.npy", np.zeros((3, 28, 28), np.uint8))
+        (tmp_path / "x.npy").rename(tmp_path / "junk.npz")
+    else:
+        (tmp_path / "junk.npz").write_bytes(b"not a zip file")
     capsys.readouterr()
     assert train.main(["--dataset", str(tmp_path / "junk.npz"), *TINY, "--out", str(tmp_path / "run")]) == 2
-    assert "junk.npz: not a readable .npz" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "junk.npz: not a .npz (no zip archive: a .npy, damaged, or another format)" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("kind", ["missing folder", "missing under ~", "a file of another kind"])
