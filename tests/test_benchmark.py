@@ -959,7 +959,7 @@ def test_a_deadline_and_the_forecast_read_the_runs_of_one_device_first(tmp_path)
     assert left["elsewhere"] == [str(cifar.folder(root).relative_to(root))]
     lines = []
     benchmark.list_queue([first, second, third, fourth, cifar], root, profile, log=lines.append)
-    assert lines[1] == f"queued    {second.folder(root)}  (about 0 min)"
+    assert lines[1] == f"queued    {second.folder(root)}  (under 1 min)"
     assert lines[4] == f"queued    {cifar.folder(root)}  (about 15 min, from other rows' and other devices' runs)"
     elsewhere = "; 1 of them, 0.2 of those hours, from other devices' runs, as that device has finished none like them"
     assert lines[-1].endswith(elsewhere)
