@@ -11,6 +11,10 @@ scaling/<scope>-<series>.json, traces/, plots/, run.json and summary.md
 time and a memory limit; failures are recorded and the run goes on.
 The bench measures size reference at batch 32 at MNIST's resolution unless
 --size, --batch-size or --datasets say otherwise; --out is profiles/results.
+--width, --heads and --num-features shape the scaling sweep's models (by
+default width 64, 2 heads, m = 64: `profiles.scaling.SCALING_CONFIG`), not
+the bench's. An option that the parts of the command which run do not read
+is refused, as is a shape the sweep cannot build.
 """
 
 import datetime
@@ -32,6 +36,36 @@ OPTIONS = (
 )
 DEFAULTS = dict(datasets=[BENCH_DATASETS[0]], size=BENCH_SIZE, batch_size=BENCH_BATCH, tokens=list(DEFAULT_PATCHES),
                 scopes=list(SCOPES), out=DEFAULT_OUT)
+# The options only one part reads: given where that part does not run, each would change nothing, silently.
+READ_BY = {
+    "bench": ("datasets", "size", "batch_size", "burn_in", "steps", "trace_steps", "bench_time_limit"),
+    "scaling": ("tokens", "model_tokens", "scopes", "fused_softmax", "width", "heads", "num_features", "scaling_steps",
+                "max_seconds", "time_limit"),
+}
+
+
+def unread_option(cli, args):
+    """A message naming an option that changes nothing in this command, else None.
+
+    An option counts as given where it differs from its default (argparse
+    keeps no other trace); the defaults of `DEFAULTS` are not filled in yet.
+    """
+    given = [dest for dest in (name.replace("-", "_") for name in OPTIONS) if getattr(args, dest) != cli.get_default(dest)]
+    if args.report_only:
+        ignored = [dest for dest in given if dest not in ("report_only", "out")]
+        if ignored or args.variants:
+            what = f"--{ignored[0].replace('_', '-')}" if ignored else "VARIANT"
+            return f"{what} changes nothing with --report-only, which rewrites summary.md and the plots"
+    for part, skipped, reader in (("bench", args.skip_bench, "the per-variant bench"),
+                                  ("scaling", args.skip_scaling, "the scaling sweep; the bench measures --size as it is")):
+        ignored = [dest for dest in given if dest in READ_BY[part]] if skipped else []
+        if ignored:
+            return f"--{ignored[0].replace('_', '-')} changes nothing with --skip-{part}; it applies to {reader}"
+    if args.model_tokens and "model" not in (args.scopes or SCOPES):
+        return "--model-tokens changes nothing without the model scope in --scopes"
+    if args.fused_softmax and not any(parse_variant(v)[0] == "softmax" for v in expand_variants(args.variants, list_variants())):
+        return "--fused-softmax changes nothing without a softmax variant"
+    return None
 
 
 def parse_args(argv=None):
@@ -40,6 +74,9 @@ def parse_args(argv=None):
     cli.add_argument("variants", type=variant_arg, nargs="*", action=Distinct, metavar="VARIANT",
                      help="registry names such as favor-rope, or all (default: the twelve of list_variants())")
     args = cli.parse_args(argv)
+    unread = unread_option(cli, args)
+    if unread:
+        cli.exit(fail(PROG, unread))
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -48,7 +85,7 @@ def parse_args(argv=None):
     args.out = Path(args.out).resolve()
     args.variants = expand_variants(args.variants, list_variants())
     try:
-        model_config(args.size, **{name: getattr(args, name) for name in ("width", "heads") if getattr(args, name)})
+        model_config(args.size)  # the bench's; the sweep's shape is checked by building it (`run`)
         for dataset in args.datasets:
             check_choice("dataset", dataset, BENCH_DATASETS)
         for scope in args.scopes:
@@ -87,6 +124,15 @@ def run(args, argv):
                               "(the folder is per device and Keras backend)")
         print(report.write_summary(result_dir, results))
         return 0
+    if not args.skip_scaling:
+        config = dict(scaling.SCALING_CONFIG)
+        config.update({k: getattr(args, k) for k in ("width", "heads", "num_features") if getattr(args, k)})
+        grid = scaling.grid_for(min(args.tokens))
+        for kernel, position in map(parse_variant, variants):
+            try:  # the layers' own checks (heads dividing the width, rope's multiple of 4), before anything is written
+                scaling.build_subject("layer", kernel, position, grid, config=config)
+            except ValueError as error:
+                return fail(PROG, f"the scaling sweep cannot build {kernel}-{position}: {error}")
     failed = []
     started = datetime.datetime.now().isoformat(timespec="seconds")
     entry = dict(command=command, started=started, settings={k: str(v) if isinstance(v, Path) else v
@@ -116,8 +162,6 @@ def run(args, argv):
                       f"ms/step, status {record['status']}", flush=True)
 
     if not args.skip_scaling:
-        config = dict(scaling.SCALING_CONFIG)
-        config.update({k: getattr(args, k) for k in ("width", "heads", "num_features") if getattr(args, k)})
         series = [(*parse_variant(v), False) for v in variants]
         if args.fused_softmax:
             series += [(kernel, position, True) for kernel, position, _ in series if kernel == "softmax"]

@@ -276,6 +276,22 @@ CASES = {
     "profiles --out where no folder can be made": (profiles_main.main, ["--out", "/proc/performer-keras"], "no folder can be made"),
     "profiles --width 30 --heads 4": (profiles_main.main, ["--width", "30", "--heads", "4", "--out", "{tmp}/p"], "divisible"),
     "profiles --steps 0": (profiles_main.main, ["--steps", "0", "--out", "{tmp}/p"], "--steps"),
+    # Each was accepted and changed nothing (the bench ignored --width; --model-tokens needs the model scope), or
+    # measured a sweep of failed points and exited 0 (its shape was checked against the bench's model).
+    "profiles --width with --skip-scaling": (profiles_main.main, ["--width", "64", "--skip-scaling", "--out", "{tmp}/p"],
+                                             "--width changes nothing with --skip-scaling; it applies to the scaling sweep"),
+    "profiles --size with --skip-bench": (profiles_main.main, ["--size", "small", "--skip-bench", "--out", "{tmp}/p"],
+                                          "--size changes nothing with --skip-bench; it applies to the per-variant bench"),
+    "profiles --model-tokens without the model scope": (
+        profiles_main.main, ["--model-tokens", "64", "--scopes", "layer", "--out", "{tmp}/p"],
+        "--model-tokens changes nothing without the model scope in --scopes"),
+    "profiles --fused-softmax without softmax": (profiles_main.main, ["favor-rope", "--fused-softmax", "--out", "{tmp}/p"],
+                                                 "--fused-softmax changes nothing without a softmax variant"),
+    "profiles --report-only with a variant": (profiles_main.main, ["favor-rope", "--report-only", "--out", "{tmp}/p"],
+                                              "VARIANT changes nothing with --report-only"),
+    "profiles a sweep shape rope cannot take": (
+        profiles_main.main, ["favor-rope", "--heads", "64", "--skip-bench", "--tokens", "16", "--out", "{tmp}/p"],
+        "the scaling sweep cannot build favor-rope: "),
     "profiles --skip-bench --skip-scaling": (profiles_main.main, ["--skip-bench", "--skip-scaling", "--out", "{tmp}/p"],
                                             "--skip-bench and --skip-scaling together leave nothing to measure"),
     "profiles --report-only with nothing measured": (profiles_main.main, ["--report-only", "--out", "{tmp}/p"],
