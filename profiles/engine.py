@@ -280,6 +280,8 @@ def main(argv=None):
         if getattr(args, name) is not None:
             task[name] = None if getattr(args, name) == "all" else getattr(args, name)
     try:
+        if 1 in (args.worker_counts or ()):  # it would time one run twice, a slot's minutes for nothing
+            raise ValueError("--worker-counts 1: every record times one run already; give counts of 2 or more")
         check_task(task)
     except ValueError as error:
         return fail("python -m profiles.engine", error)

@@ -313,6 +313,8 @@ CASES = {
     "engine --size huge": (engine.main, ["--size", "huge", "--out", "{tmp}/e"], "Unknown size 'huge'"),
     "engine --precision float8": (engine.main, ["--precision", "float8", "--out", "{tmp}/e"], "Unknown precision"),
     "engine unknown dataset": (engine.main, ["--dataset", "no_such_dataset_xyz", "--out", "{tmp}/e"], "mnist"),
+    "engine --worker-counts 1": (engine.main, ["--worker-counts", "1", "2", "--out", "{tmp}/e"],
+                                 "--worker-counts 1: every record times one run already"),
     "engine --out a file": (engine.main, ["--out", "{tmp}/a_file.txt"], "is a file"),
 }
 
