@@ -385,9 +385,10 @@ def list_queue(jobs, root, profile, log=print, machine=None):
         others = [what for what, other in (("rows'", not row_has_finished(job, root)),
                                            ("devices'", key in left["elsewhere"])) if other]
         other = f", from other {' and other '.join(others)} runs" if others else ""
+        line = f"queued    {folder}"
         if minutes is not None:  # a GPU's runs can take seconds: "about 0 min" read as no time at all
-            folder = f"{folder}  ({'under 1' if minutes < 1 else f'about {minutes:.0f}'} min{other})"
-        log(f"queued    {folder}")
+            line += f"  ({'under 1' if minutes < 1 else f'about {minutes:.0f}'} min{other})"
+        log(line)
     finished = len(jobs) - left["runs"]
     line = f"{finished} of {len(jobs)} runs finished"
     if not left["runs"]:
