@@ -22,6 +22,7 @@ import numpy as np
 from experiments import atomic
 from experiments.history import read_history
 from experiments.data import load_dataset
+from experiments.export import read_export_record
 from experiments.figures import plot_confusion_matrix
 from experiments.latency import LATENCY_REPEATS, device_name, measure_latency
 from experiments.metrics import classification_metrics, history_metrics
@@ -50,8 +51,8 @@ def evaluate(path, dataset=None, limit=None, batch_size=None, out=None):
         path: a run folder (has config.json and best.keras), a `.keras` file or
             a SavedModel folder (has saved_model.pb).
         dataset, limit: the test data (`data.load_dataset`); default from the
-            run's config.json, required for a bare model. `limit="all"`: the
-            whole test split.
+            run's config.json (for train.py's export, from its record of the
+            run), required for a bare model. `limit="all"`: the whole test split.
         batch_size: batch of the test predictions (default `PREDICT_BATCH`).
         out: folder for metrics.json and confusion_matrix.png; default the run
             folder, else the folder holding the model. A run folder takes only
@@ -73,6 +74,8 @@ def evaluate(path, dataset=None, limit=None, batch_size=None, out=None):
     kind = _path_kind(path)
     try:  # HistoryError, or a config.json that describes no run (RunError): a traceback, or accepted, once
         config = read_recorded(path / "config.json") if kind == "run" else None
+        if kind == "saved_model":  # train.py's export names its run's settings (`export.EXPORT_RECORD`)
+            config = read_export_record(path)[1]
         rows = read_history(path / "history.csv") if kind == "run" else []
     except ValueError as error:
         raise EvaluationError(str(error)) from None

@@ -241,15 +241,22 @@ def read_recorded(path):
         recorded = atomic.read_json_object(path)
     except (OSError, ValueError) as error:
         raise RunError(str(error)) from None
+    return check_recorded(recorded, path)
+
+
+def check_recorded(recorded, where):
+    """The RunConfig of `recorded` (what `to_dict` wrote), or a RunError naming `where` (`read_recorded`)."""
+    if not isinstance(recorded, dict):
+        raise RunError(f"{where} describes no run (a JSON {type(recorded).__name__}, not an object)")
     always = set(RunConfig.fields()) - set(LATER_FIELDS)
     missing, unknown = sorted(always - set(recorded)), sorted(set(recorded) - set(RunConfig.fields()))
     problems = ([f"lacks {missing}"] if missing else []) + ([f"unknown keys {unknown}"] if unknown else [])
     if problems:
-        raise RunError(f"{path} describes no run ({'; '.join(problems)})")
+        raise RunError(f"{where} describes no run ({'; '.join(problems)})")
     try:
         return RunConfig.from_recorded(recorded)
     except RunError as error:
-        raise RunError(f"{path} describes no run ({error})") from None
+        raise RunError(f"{where} describes no run ({error})") from None
 
 
 def check_keep_epochs(keep_epochs, epochs, whose="the run"):

@@ -38,11 +38,6 @@ from performer_keras.smoothed_sparse_crossentropy import SmoothedSparseCrossentr
 from experiments.run_config import RunError, check_keep_epochs
 
 
-# Written into an export folder: which run it is an export of, so a rerun may replace it
-# and no other run may write over it.
-EXPORT_RECORD = "export_of.json"
-
-
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or Inf; the last good checkpoint is kept."""
 
@@ -117,7 +112,7 @@ def check_run_folder(config, out_dir):
 def check_export_folder(export_dir, out_dir):
     """An export goes into an absent or empty folder, or over an earlier export of the same run (`EXPORT_RECORD`),
     on a machine with TensorFlow."""
-    from experiments.export import tensorflow_missing
+    from experiments.export import read_export_record, tensorflow_missing
 
     missing = tensorflow_missing("--export (a TensorFlow SavedModel)")
     if missing:
@@ -133,9 +128,8 @@ def check_export_folder(export_dir, out_dir):
                        f"folder {out_dir}; give {Path(out_dir) / 'export'} or a folder outside it")
     if not export_dir.is_dir() or not any(export_dir.iterdir()):
         return
-    record = export_dir / EXPORT_RECORD
     try:
-        exported_from = read_json_object(record).get("run") if record.is_file() else None
+        exported_from = read_export_record(export_dir)[0]
     except ValueError as error:
         raise RunError(f"--export {export_dir}: {error}; choose another folder") from None
     if exported_from != str(Path(out_dir).resolve()):
@@ -349,7 +343,7 @@ def train(config, out_dir, verbose="auto", export_dir=None, distribute="none", k
     if not (out_dir / "throughput.json").exists():
         write_throughput(config, splits or data.load_dataset(config.dataset, limit=config.limit), out_dir)
     if export_dir is not None:
-        from experiments.export import export_saved_model
+        from experiments.export import export_saved_model, write_export_record
 
         try:
             best = load_model_only(out_dir / "best.keras")
@@ -357,7 +351,7 @@ def train(config, out_dir, verbose="auto", export_dir=None, distribute="none", k
             raise RunError(f"cannot export {out_dir / 'best.keras'}: {first_line(error)}") from None
         export_saved_model(best, export_dir)
         # Last, so a killed export is not taken for a finished one of this run.
-        write_json(Path(export_dir) / EXPORT_RECORD, {"run": str(out_dir.resolve())})
+        write_export_record(export_dir, out_dir, config)
     return evaluation.evaluate(out_dir)
 
 

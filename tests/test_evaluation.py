@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 import performer_keras
 from experiments.evaluation import evaluate
-from experiments.export import export_saved_model
+from experiments.export import EXPORT_RECORD, export_saved_model, write_export_record
 from experiments.metrics import classification_metrics, format_table, history_metrics
 from experiments.history import read_history
 from experiments.models import EvaluationError
@@ -241,6 +242,23 @@ def test_evaluate_run_folder(run_folder):
     assert agreement["max_abs_difference"] <= 1e-4
     assert agreement["saved_model_accuracy"] == agreement["keras_accuracy"] == metrics["test_accuracy"]
     assert "test_accuracy" in format_table(metrics)
+
+
+def test_an_export_of_train_py_is_evaluated_on_its_runs_data(run_folder, tmp_path):
+    # train.py's export records its run's settings: moved away from the run folder, it still knows its test
+    # data and variant (a bare SavedModel needed --dataset and reported no variant).
+    run, _ = run_folder
+    export = shutil.copytree(run / "export", tmp_path / "export")
+    write_export_record(export, run, RunConfig.from_recorded(json.loads((run / "config.json").read_text())))
+    metrics = evaluate(export)
+    assert (metrics["variant"], metrics["dataset"], metrics["seed"]) == ("softmax-absolute", "mnist", 7)
+    assert np.array(metrics["confusion_matrix"]).sum() == 200  # the run's limit of 200 test examples
+    assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
+    # A record damaged by hand is named, in one line.
+    record = json.loads((export / EXPORT_RECORD).read_text())
+    (export / EXPORT_RECORD).write_text(json.dumps({**record, "config": {**record["config"], "limit": "x"}}))
+    with pytest.raises(EvaluationError, match=r"export_of.json's config describes no run \(limit must be"):
+        evaluate(export)
 
 
 def test_evaluate_bare_saved_model_needs_a_dataset(run_folder, tmp_path):

@@ -170,7 +170,8 @@ def test_export_serves_uint8_with_the_same_predictions(tmp_path):
     np.testing.assert_allclose(served, model.predict(images.astype("float32"), verbose=0), atol=1e-5)
     np.testing.assert_allclose(served.sum(axis=1), 1.0, atol=1e-5)
     # The finished run exports again over its own export (its command again); another run may not write there.
-    assert json.loads((export / "export_of.json").read_text()) == {"run": str(out.resolve())}
+    recorded = json.loads((export / "export_of.json").read_text())
+    assert recorded == {"run": str(out.resolve()), "config": json.loads((out / "config.json").read_text())}
     (export / "saved_model.pb").unlink()
     train_ok("--variant", "relu-rope", *TINY, "--epochs", "1", "--out", out, "--export", export)
     assert (export / "saved_model.pb").is_file()
