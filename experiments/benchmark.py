@@ -25,16 +25,17 @@ stopped when started again, and sessions that each run part of the queue
 (`--variants`, `--datasets`, `--seeds`, `--max-runs`, `--max-minutes`) add up to one
 result, and `--workers N` trains N queued runs at once in N processes (each its
 share of the accelerator's memory: runs at these sizes are far too small to fill
-a GPU; keep 1 on a CPU). `--max-minutes T` suits a time-limited slot (a batch job, a rented GPU
-hour): a run starts only if the time left covers its expected time (the
-slowest first epoch, which compiles, then the slowest later epoch for each
-epoch after it, of the finished runs of its own row with its XLA setting,
-else of its variant's main-table row, else of its dataset; runs made on this
-machine's device first, others' only where it has made none), so the slot ends
-with finished folders only (a run with no finished run of its dataset to judge
-from starts while any time is left, and says it may not finish); `--archive
-FILE.tar.gz` then packs the finished run folders (without checkpoints) for the
-trip home, where unpacking them into the results folder adds them to the table.
+a GPU; keep 1 on a CPU). `--max-minutes T` suits a time-limited slot (a batch
+job, a rented GPU hour): a run starts only if the time left covers its expected
+time (the slowest first epoch, which compiles, then the slowest later epoch for
+each epoch after it, of the finished runs of its own row with its XLA setting,
+else of its own epochs so far, else of its variant's main-table row, else of
+its dataset; runs made on this machine's device first, others' only where it
+has made none), so the slot ends with finished folders only (a run with no
+finished run of its dataset to judge from starts while any time is left, and
+says it may not finish); `--archive FILE.tar.gz` then packs the finished run
+folders (without checkpoints) for the trip home, where unpacking them into the
+results folder adds them to the table.
 `--keep-epochs K ...` keeps those epochs' weights in each run's epochs/ (train.py's
 option; not archived). Each ablation run whose settings equal a variant row's (m =
 the profile's m) is that row's folder, not a second copy.
@@ -235,9 +236,22 @@ def is_finished(job, root):
 
 
 def expected_seconds(job, root, statistic=max, device=None):
-    """Seconds `job` still needs, from the epochs of finished runs like it; None without any.
+    """Seconds `job` still needs (`timing`); None without a run to judge from."""
+    return timing(job, root, statistic, device)[0]
 
-    Runs of the job's own cell are asked first, then the variant's main-table
+
+# Where a forecast took a run's epoch times from, best first (`timing`).
+SOURCES = ("its row", "its own epochs", "its variant's row", "its dataset")
+
+
+def timing(job, root, statistic=max, device=None):
+    """(seconds `job` still needs, the `SOURCES` entry they come from), from the epochs of runs like it; (None, None)
+    without any.
+
+    The finished runs of the job's own cell are asked first, then the job's
+    own run where it has trained two epochs or more (a resumed run: other
+    rows' runs may be far off, m = 256 from m = 128's, say; timed only on the
+    device its sessions recorded), then the variant's main-table
     row (an ablation of it costs about as much), then any finished run of the
     dataset, ablations included (on a device that has run only ablations,
     they are all it has to tell its speed); where the job sets jit_compile,
@@ -270,8 +284,7 @@ def expected_seconds(job, root, statistic=max, device=None):
         except HistoryError:  # damaged by hand or disk: the report names it, the forecast leaves it out
             return []
 
-    def epoch_times_of(folders):
-        runs = [epoch_seconds(folder) for folder in folders if like_job(folder)]
+    def times_of(runs):
         runs = [seconds for seconds in runs if seconds]
         if not runs:
             return None
@@ -279,22 +292,37 @@ def expected_seconds(job, root, statistic=max, device=None):
         later = [epoch for seconds in runs for epoch in seconds[1:]]
         return first, statistic(later) if later else first
 
+    def epoch_times_of(folders):
+        return times_of(epoch_seconds(folder) for folder in folders if like_job(folder))
+
+    def own_times():
+        done = epoch_seconds(job.folder(root))
+        sessions = read_sessions(job.folder(root))
+        # Sessions recorded before they named their device could have run anywhere.
+        on_device = device is None or (sessions and all(session.get("device") == device for session in sessions))
+        return times_of([done]) if len(done) >= 2 and on_device else None
+
     rows = Path(root) / "runs" / job.dataset
     # Globs are lazy: the whole tree is read only when the job's cell and row have no run to judge from.
     dataset_runs = itertools.chain(rows.glob("*/seed*"), Path(root).glob(f"ablations/*/{job.dataset}/*/seed*"))
-    times = (epoch_times_of(job.folder(root).parent.glob("seed*")) or epoch_times_of((rows / job.variant).glob("seed*"))
-             or epoch_times_of(dataset_runs))
-    if times is None:
-        return None
+    asked = (lambda: epoch_times_of(job.folder(root).parent.glob("seed*")), own_times,
+             lambda: epoch_times_of((rows / job.variant).glob("seed*")), lambda: epoch_times_of(dataset_runs))
+    for ask, source in zip(asked, SOURCES):
+        times = ask()
+        if times is not None:
+            break
+    else:
+        return None, None
     first, later = times
     left = job.config.epochs - len(epoch_seconds(job.folder(root)))  # damaged: refused until mended (`training`)
-    return first + later * (left - 1) if left > 0 else 0.0
+    return (first + later * (left - 1) if left > 0 else 0.0), source
 
 
 def forecast_basis(device, on_device, finished, this_machine=False):
     """The forecast's rule in words, naming the device it forecasts for (`forecast`)."""
     basis = ("each queued run at the median first epoch (which compiles) and median later epoch of the finished "
-             "runs of its row with its XLA setting, else of its variant's main-table row, else of its dataset")
+             "runs of its row with its XLA setting, else of its own epochs so far (two or more), else of its "
+             "variant's main-table row, else of its dataset")
     if device is None:
         return basis
     return (f"{basis}, run on {device}{' (this machine)' if this_machine else ''}, the device of {on_device} of the "
@@ -311,7 +339,8 @@ def forecast(jobs, root, profile, machine=None):
 
     Returns {"basis", "runs", "hours", "without_forecast", "parts": [{"dataset",
     "part", "runs", "hours", "without_forecast"}], "minutes": {folder: minutes
-    or None}, "elsewhere": [folder]}, parts in queue order; `expected_seconds`
+    or None}, "sources": {folder: the `SOURCES` entry its minutes come from, or
+    None}, "elsewhere": [folder]}, parts in queue order; `timing`
     at the median epochs, so it holds for the machine and load the finished
     runs had. One results tree holds a GPU's runs beside CPUs' runs whose
     epochs take tens of times longer, so every run is forecast for one device:
@@ -329,17 +358,18 @@ def forecast(jobs, root, profile, machine=None):
     this_machine = machine is not None and machine in devices
     if this_machine:
         device, on_device = machine, devices.count(machine)
-    minutes, parts, elsewhere = {}, {}, []
+    minutes, sources, parts, elsewhere = {}, {}, {}, []
     for job in runs:
         if is_finished(job, root):
             continue
         folder = str(job.folder(root).relative_to(root))
-        seconds = expected_seconds(job, root, statistics.median, device=device)
+        seconds, source = timing(job, root, statistics.median, device=device)
         if seconds is None and device is not None:
-            seconds = expected_seconds(job, root, statistics.median)
+            seconds, source = timing(job, root, statistics.median)
             if seconds is not None:
                 elsewhere.append(folder)
         minutes[folder] = None if seconds is None else seconds / 60
+        sources[folder] = source
         part = parts.setdefault(forecast_part(job, profile), {"runs": 0, "hours": 0.0, "without_forecast": 0})
         part["runs"] += 1
         if seconds is None:
@@ -353,6 +383,7 @@ def forecast(jobs, root, profile, machine=None):
         "without_forecast": sum(part["without_forecast"] for part in parts.values()),
         "parts": [{"dataset": dataset, "part": name, **part} for (dataset, name), part in parts.items()],
         "minutes": minutes,
+        "sources": sources,
         "elsewhere": elsewhere,
     }
 
@@ -366,11 +397,6 @@ def elsewhere_text(forecast):
             f"device has finished none like them")
 
 
-def row_has_finished(job, root):
-    """True where a run of `job`'s own row (its cell, any seed, any device) is finished."""
-    return any(read_metrics(folder) is not None for folder in job.folder(root).parent.glob("seed*"))
-
-
 def list_queue(jobs, root, profile, log=print, machine=None):
     """Print each run's state, the queued runs' forecast minutes (`forecast`, for `machine` where it ran any) and their sum."""
     left = forecast(jobs, root, profile, machine)
@@ -381,10 +407,13 @@ def list_queue(jobs, root, profile, log=print, machine=None):
             continue
         key = str(folder.relative_to(root))
         minutes = left["minutes"][key]
+        source, elsewhere = left["sources"][key], key in left["elsewhere"]
         # A row's own runs time it best; another row's (m = 256 from m = 128's, say) may be far off.
-        others = [what for what, other in (("rows'", not row_has_finished(job, root)),
-                                           ("devices'", key in left["elsewhere"])) if other]
-        other = f", from other {' and other '.join(others)} runs" if others else ""
+        if source == "its own epochs":
+            other = ", from its own epochs so far" + (", on another device" if elsewhere else "")
+        else:
+            others = [what for what, other in (("rows'", source in SOURCES[2:]), ("devices'", elsewhere)) if other]
+            other = f", from other {' and other '.join(others)} runs" if others else ""
         line = f"queued    {folder}"
         if minutes is not None:  # a GPU's runs can take seconds: "about 0 min" read as no time at all
             line += f"  ({'under 1' if minutes < 1 else f'about {minutes:.0f}'} min{other})"
@@ -393,6 +422,8 @@ def list_queue(jobs, root, profile, log=print, machine=None):
     line = f"{finished} of {len(jobs)} runs finished"
     if not left["runs"]:
         line += "; the queue is complete"
+    elif left["runs"] == left["without_forecast"]:
+        line += f"; no finished run to forecast the {left['runs']} queued runs from"
     else:
         line += (f"; the {left['runs'] - left['without_forecast']} queued runs with a forecast need about "
                  f"{left['hours']:.1f} hours of training epochs ({left['basis']})")
@@ -589,9 +620,18 @@ def drop_options(argv, names):
     return kept
 
 
+# What only training reads: `--list` refuses them rather than print a queue as if they changed it.
+RUN_ONLY = ("max-runs", "max-minutes", "workers", "archive", "keep-epochs", "verbose")
+
+
 def main(argv=None):
-    args = parser("benchmark", __doc__, *SELECTION_OPTIONS, "max-runs", "max-minutes", "workers", "shard", "archive",
-                  "keep-epochs", "list", "verbose").parse_args(argv)
+    cli = parser("benchmark", __doc__, *SELECTION_OPTIONS, *RUN_ONLY, "shard", "list")
+    args = cli.parse_args(argv)
+    # Given where it differs from its default: argparse keeps no other trace.
+    unread = [name for name in RUN_ONLY if getattr(args, name.replace("-", "_")) != cli.get_default(name.replace("-", "_"))]
+    if args.list and unread:
+        return fail("benchmark", f"--{unread[0]} changes nothing with --list, which only prints the queue and its "
+                                 "forecast; run without --list to train")
     # A run's settings are its profile's; what the command line sets is how many share the device.
     return interruptible("benchmark", lambda: run(args, sys.argv[1:] if argv is None else list(argv)),
                          remedy="lower --workers")

@@ -215,6 +215,11 @@ CASES = {
     "benchmark --archive where no file can be made": (benchmark.main, ["--profile", "tiny", "--archive", "/proc/runs.tar.gz", "--results-dir", "{tmp}/r"],
                                                       "no file can be made in /proc"),
     "benchmark --shard 2/2": (benchmark.main, ["--profile", "tiny", "--shard", "2/2", "--results-dir", "{tmp}/r"], "--shard"),
+    # --list prints the queue: it read none of these, and printed it as if they changed it.
+    "benchmark --list --workers 2": (benchmark.main, ["--profile", "tiny", "--list", "--workers", "2", "--results-dir", "{tmp}/r"],
+                                     "--workers changes nothing with --list"),
+    "benchmark --list --max-minutes": (benchmark.main, ["--profile", "tiny", "--list", "--max-minutes", "30", "--results-dir",
+                                                        "{tmp}/r"], "--max-minutes changes nothing with --list"),
     "benchmark --workers with --shard": (benchmark.main, ["--profile", "tiny", "--workers", "2", "--shard", "0/2", "--results-dir", "{tmp}/r"], "exclude"),
     "benchmark --keep-epochs past the runs": (benchmark.main, ["--profile", "tiny", "--keep-epochs", "1", "999",
                                                                 "--results-dir", "{tmp}/r"],

@@ -959,7 +959,8 @@ def test_a_deadline_and_the_forecast_read_the_runs_of_one_device_first(tmp_path)
     assert left["elsewhere"] == [str(cifar.folder(root).relative_to(root))]
     lines = []
     benchmark.list_queue([first, second, third, fourth, cifar], root, profile, log=lines.append)
-    assert lines[1] == f"queued    {second.folder(root)}  (under 1 min)"
+    # Its own row ran only on the CPU: the GPU's time is another row's, and the line says so.
+    assert lines[1] == f"queued    {second.folder(root)}  (under 1 min, from other rows' runs)"
     assert lines[4] == f"queued    {cifar.folder(root)}  (about 15 min, from other rows' and other devices' runs)"
     elsewhere = "; 1 of them, 0.2 of those hours, from other devices' runs, as that device has finished none like them"
     assert lines[-1].endswith(elsewhere)
@@ -999,6 +1000,53 @@ def test_the_first_epoch_which_compiles_is_forecast_apart_from_the_later_ones(tm
     assert benchmark.expected_seconds(second, root) == 40.0 + 30.0
     (second.folder(root) / "history.csv").write_text("epoch,epoch_seconds\n" + "".join(f"{e},10.0\n" for e in range(4)))
     assert benchmark.expected_seconds(second, root) == 0.0
+
+
+def test_a_resumed_run_without_a_finished_row_mate_is_forecast_from_its_own_epochs_on_their_device(tmp_path):
+    # m = 256 was forecast from m = 16 to 128's epochs (about 160 min) after 7 of its own had taken 940 s each.
+    profile = get_profile("tiny")
+    first, _, third, _ = benchmark.plan(profile, tmp_path)
+    root = benchmark.profile_root(tmp_path, profile)
+    third = dataclasses.replace(third, config=dataclasses.replace(third.config, epochs=5))
+    _fake_finished_run(first.folder(root), [60.0, 30.0], device="cpu: slow (2 cores)")
+    own = third.folder(root)
+    own.mkdir(parents=True)
+
+    def trained(seconds, *devices):
+        (own / "history.csv").write_text("epoch,epoch_seconds\n" + "".join(f"{e},{t}\n" for e, t in enumerate(seconds)))
+        sessions = [{"start_epoch": 0, "jit_compile": True} | ({} if device is None else {"device": device})
+                    for device in devices]
+        (own / "provenance.json").write_text(json.dumps({"sessions": sessions}))
+
+    trained([150.0], "cpu: slow (2 cores)")  # one epoch, which compiled, tells no later epoch's time
+    assert benchmark.timing(third, root, statistics.median) == (60.0 + 3 * 30.0, "its dataset")
+    trained([150.0, 100.0, 120.0], "cpu: slow (2 cores)")
+    assert benchmark.timing(third, root, statistics.median) == (150.0 + 110.0, "its own epochs")
+    assert benchmark.timing(third, root, device="cpu: slow (2 cores)") == (150.0 + 120.0, "its own epochs")
+    # Epochs trained on another device, or by a session that named none, do not time it on this one.
+    assert benchmark.timing(third, root, device="gpu: fast") == (None, None)
+    trained([150.0, 100.0, 120.0], "cpu: slow (2 cores)", None)
+    assert benchmark.timing(third, root, device="cpu: slow (2 cores)") == (60.0 + 30.0, "its dataset")
+    assert benchmark.timing(third, root) == (150.0 + 120.0, "its own epochs")  # any device's
+    trained([150.0, 100.0, 120.0], "cpu: slow (2 cores)")
+    lines = []
+    benchmark.list_queue([first, third], root, profile, log=lines.append)
+    assert lines == [f"finished  {first.folder(root)}",
+                     f"queued    {own}  (about 4 min, from its own epochs so far)",
+                     lines[-1]]
+    left = benchmark.forecast([first, third], root, profile)
+    assert left["sources"] == {str(own.relative_to(root)): "its own epochs"}
+    # Its row's finished runs come first: they have every epoch, the first and the later ones.
+    row_mate = dataclasses.replace(third, seed=third.seed + 1)
+    _fake_finished_run(row_mate.folder(root), [50.0, 20.0], device="cpu: slow (2 cores)")
+    assert benchmark.timing(third, root, device="cpu: slow (2 cores)") == (50.0 + 20.0, "its row")
+    # Forecast for a GPU that has run none of MNIST, its own CPU epochs still time it, and the line says so.
+    shutil.rmtree(row_mate.folder(root))
+    cifar = dataclasses.replace(first, dataset="cifar10", cell=f"runs/cifar10/{first.variant}")
+    _fake_finished_run(cifar.folder(root), [5.0], device="gpu: fast")
+    lines.clear()
+    benchmark.list_queue([first, cifar, third], root, profile, log=lines.append, machine="gpu: fast")
+    assert lines[2] == f"queued    {own}  (about 4 min, from its own epochs so far, on another device)"
 
 
 def test_a_damaged_history_is_left_out_of_the_forecast(tmp_path):
@@ -1042,6 +1090,10 @@ def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tm
     lines.clear()
     benchmark.list_queue([first], root, profile, log=lines.append)
     assert lines[-1] == "1 of 1 runs finished; the queue is complete"
+    # Before, "the 0 queued runs with a forecast need about 0.0 hours of training epochs (...)".
+    lines.clear()
+    benchmark.list_queue(jobs, tmp_path / "empty", profile, log=lines.append)
+    assert lines[-1] == "0 of 4 runs finished; no finished run to forecast the 4 queued runs from"
     # The command prints the same, and writes nothing.
     assert benchmark.main(["--profile", "tiny", "--results-dir", str(tmp_path), "--list"]) == 0
     printed = capsys.readouterr().out.splitlines()

@@ -132,6 +132,8 @@ def test_an_unreadable_state_file_gives_way_to_the_weights_files_with_one_line(t
     sessions = json.loads((out / "provenance.json").read_text())["sessions"]
     assert [session["start_epoch"] for session in sessions] == [0, 2]  # resumed, not trained again
     assert_same(out, uninterrupted)
+    # Each session names the device as metrics.json does: an unfinished run's epochs forecast its own time on it.
+    assert {session["device"] for session in sessions} == {json.loads((out / "metrics.json").read_text())["device"]}
 
 
 def test_a_damaged_provenance_is_refused_in_one_line_before_any_write_and_the_run_resumes_without_it(
