@@ -30,7 +30,8 @@ from pathlib import Path
 from experiments import atomic
 from experiments.aggregate import (BASELINE, common_timing_group, group_mean, is_main_variant, normalization_index,
                                   queue_part, relative_positions, timing_ratio)
-from experiments.benchmark import commands, elsewhere_text, profile_root, selected_jobs, write_aggregate
+from experiments.benchmark import commands, profile_root, selected_jobs, write_aggregate
+from experiments.forecast import elsewhere_text
 from experiments.benchmark_figures import dataset_name, plot_curves, plot_pareto
 from experiments.benchmark_profiles import PROFILES, get_profile
 from experiments.cli import SELECTION_OPTIONS, fail, parser, start_backend

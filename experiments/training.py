@@ -160,7 +160,7 @@ def record_provenance(out_dir, start_epoch, jit_compile):
     `jit_compile` is the model's resolved setting: a config that leaves it
     to the default (None) says nothing about what ran. The device (as
     metrics.json will name it) lets an unfinished run's epochs forecast its
-    own remaining time (`benchmark.timing`).
+    own remaining time (`forecast.timing`).
     """
     path = Path(out_dir) / "provenance.json"
     try:

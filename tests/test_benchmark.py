@@ -23,7 +23,7 @@ from unittest import mock
 
 import pytest
 
-from experiments import aggregate, benchmark, report
+from experiments import aggregate, benchmark, forecast, report
 from experiments.benchmark_profiles import get_profile
 from experiments.evaluation import METRIC_KEYS
 from experiments.models import EvaluationError
@@ -827,12 +827,12 @@ def test_max_minutes_starts_only_runs_the_time_left_can_finish_and_archive_packs
     first, second, third, fourth = jobs
     _fake_finished_run(first.folder(root), [30.0])
     # The row's own slowest epoch; for favor-absolute, with no finished run, its dataset's.
-    assert benchmark.expected_seconds(second, root) == 30.0
-    assert benchmark.expected_seconds(third, root) == 30.0
+    assert forecast.expected_seconds(second, root) == 30.0
+    assert forecast.expected_seconds(third, root) == 30.0
     _fake_finished_run(third.folder(root), [50.0])
-    assert benchmark.expected_seconds(fourth, root) == 50.0
+    assert forecast.expected_seconds(fourth, root) == 50.0
     elsewhere = dataclasses.replace(first, variant="x", cell="elsewhere/x")
-    assert benchmark.expected_seconds(elsewhere, tmp_path) is None
+    assert forecast.expected_seconds(elsewhere, tmp_path) is None
     # Without a forecast a run starts while time is left, and the log says it may not finish.
     lines = []
     benchmark.run_queue([elsewhere], tmp_path, deadline=time.monotonic() - 1, log=lines.append)
@@ -904,10 +904,10 @@ def test_a_forecast_counts_only_runs_with_the_jobs_xla_setting(tmp_path):
         return dataclasses.replace(job, config=dataclasses.replace(job.config, jit_compile=jit))
 
     # softmax-absolute's own row has only a run without XLA: an XLA job falls back to the dataset's XLA runs.
-    assert benchmark.expected_seconds(with_xla(second, True), root, statistics.median) == 40.0
-    assert benchmark.expected_seconds(with_xla(second, False), root, statistics.median) == 100.0
-    assert benchmark.expected_seconds(second, root, statistics.median) == 100.0  # no setting: its row, as it is
-    assert benchmark.expected_seconds(with_xla(second, None), root, max) == 100.0
+    assert forecast.expected_seconds(with_xla(second, True), root, statistics.median) == 40.0
+    assert forecast.expected_seconds(with_xla(second, False), root, statistics.median) == 100.0
+    assert forecast.expected_seconds(second, root, statistics.median) == 100.0  # no setting: its row, as it is
+    assert forecast.expected_seconds(with_xla(second, None), root, max) == 100.0
 
 
 def test_a_deadline_and_the_forecast_read_the_runs_of_one_device_first(tmp_path):
@@ -917,16 +917,16 @@ def test_a_deadline_and_the_forecast_read_the_runs_of_one_device_first(tmp_path)
     # softmax-absolute's own row ran on a slow CPU, favor-absolute's on a GPU.
     _fake_finished_run(first.folder(root), [600.0], device="cpu: slow (2 cores)")
     _fake_finished_run(third.folder(root), [10.0], device="gpu: fast")
-    assert benchmark.expected_seconds(second, root) == 600.0  # any device: its own row
-    assert benchmark.expected_seconds(second, root, device="cpu: slow (2 cores)") == 600.0
+    assert forecast.expected_seconds(second, root) == 600.0  # any device: its own row
+    assert forecast.expected_seconds(second, root, device="cpu: slow (2 cores)") == 600.0
     # On the GPU its own row's CPU run does not count; the dataset's GPU run does.
-    assert benchmark.expected_seconds(second, root, device="gpu: fast") == 10.0
-    assert benchmark.expected_seconds(fourth, root, device="cpu: slow (2 cores)") == 600.0
-    assert benchmark.expected_seconds(second, root, device="gpu: other") is None
+    assert forecast.expected_seconds(second, root, device="gpu: fast") == 10.0
+    assert forecast.expected_seconds(fourth, root, device="cpu: slow (2 cores)") == 600.0
+    assert forecast.expected_seconds(second, root, device="gpu: other") is None
     # A device that ran only an ablation of the dataset is judged by it, not by another device's row.
     ablation = root / "ablations" / "stabilizer" / "mnist" / "favor-absolute-stabilizer-exponent" / "seed0"
     _fake_finished_run(ablation, [20.0], device="gpu: other")
-    assert benchmark.expected_seconds(second, root, device="gpu: other") == 20.0
+    assert forecast.expected_seconds(second, root, device="gpu: other") == 20.0
     shutil.rmtree(ablation)
 
     def queue(device):
@@ -949,7 +949,7 @@ def test_a_deadline_and_the_forecast_read_the_runs_of_one_device_first(tmp_path)
     # A CIFAR-10 run of softmax-absolute, queued, whose dataset only the CPU has run.
     cifar = dataclasses.replace(second, dataset="cifar10", cell=f"runs/cifar10/{second.variant}")
     _fake_finished_run(root / "runs" / "cifar10" / "relu-absolute" / "seed0", [900.0], device="cpu: slow (2 cores)")
-    left = benchmark.forecast([first, second, third, fourth, cifar], root, profile)
+    left = forecast.forecast([first, second, third, fourth, cifar], root, profile)
     # Its own row's CPU epoch would say 600 s; the GPU's runs of the dataset say 15 s (their median).
     assert left["minutes"][str(second.folder(root).relative_to(root))] == 15.0 / 60
     # The GPU has no CIFAR-10 run: any device's.
@@ -967,7 +967,7 @@ def test_a_deadline_and_the_forecast_read_the_runs_of_one_device_first(tmp_path)
     assert f"{elsewhere}; `--list`" in report.forecast_lines(left)[0]
     # `--list` on a machine that has finished runs of the queue forecasts for that machine, here the CPU
     # (its own row's 600 s, and its CIFAR-10 run's 900 s), not for the device most runs ran on.
-    mine = benchmark.forecast([first, second, third, fourth, cifar], root, profile, machine="cpu: slow (2 cores)")
+    mine = forecast.forecast([first, second, third, fourth, cifar], root, profile, machine="cpu: slow (2 cores)")
     assert mine["minutes"][str(second.folder(root).relative_to(root))] == 600.0 / 60
     assert mine["minutes"][str(cifar.folder(root).relative_to(root))] == 900.0 / 60
     assert mine["elsewhere"] == []
@@ -978,11 +978,11 @@ def test_a_deadline_and_the_forecast_read_the_runs_of_one_device_first(tmp_path)
                          machine="cpu: slow (2 cores)")
     assert lines[1] == f"queued    {second.folder(root)}  (about 10 min)"
     # A machine without a finished run of the queue gets the forecast aggregate.json holds.
-    assert benchmark.forecast([first, second, third, fourth, cifar], root, profile, machine="gpu: other") == left
+    assert forecast.forecast([first, second, third, fourth, cifar], root, profile, machine="gpu: other") == left
     # A tree whose runs name no device is forecast from all of them, and the rule names none.
     plain = tmp_path / "plain"
     _fake_finished_run(first.folder(plain), [600.0])
-    assert benchmark.forecast([first, second], plain, profile)["basis"].endswith("else of its dataset")
+    assert forecast.forecast([first, second], plain, profile)["basis"].endswith("else of its dataset")
 
 
 def test_the_first_epoch_which_compiles_is_forecast_apart_from_the_later_ones(tmp_path):
@@ -992,14 +992,14 @@ def test_the_first_epoch_which_compiles_is_forecast_apart_from_the_later_ones(tm
     second = dataclasses.replace(second, config=dataclasses.replace(second.config, epochs=4))
     # A GPU run: 40 s to compile and train epoch 1, then 10 s an epoch, one paused to 30 s.
     _fake_finished_run(first.folder(root), [40.0, 10.0, 30.0, 10.0])
-    assert benchmark.expected_seconds(second, root) == 40.0 + 3 * 30.0  # not 4 x 40 s
-    assert benchmark.expected_seconds(second, root, statistics.median) == 40.0 + 3 * 10.0
+    assert forecast.expected_seconds(second, root) == 40.0 + 3 * 30.0  # not 4 x 40 s
+    assert forecast.expected_seconds(second, root, statistics.median) == 40.0 + 3 * 10.0
     # A resumed run compiles again in its first epoch: 2 epochs left, one of them the first.
     second.folder(root).mkdir(parents=True)
     (second.folder(root) / "history.csv").write_text("epoch,epoch_seconds\n0,40.0\n1,10.0\n")
-    assert benchmark.expected_seconds(second, root) == 40.0 + 30.0
+    assert forecast.expected_seconds(second, root) == 40.0 + 30.0
     (second.folder(root) / "history.csv").write_text("epoch,epoch_seconds\n" + "".join(f"{e},10.0\n" for e in range(4)))
-    assert benchmark.expected_seconds(second, root) == 0.0
+    assert forecast.expected_seconds(second, root) == 0.0
 
 
 def test_a_resumed_run_without_a_finished_row_mate_is_forecast_from_its_own_epochs_on_their_device(tmp_path):
@@ -1019,27 +1019,27 @@ def test_a_resumed_run_without_a_finished_row_mate_is_forecast_from_its_own_epoc
         (own / "provenance.json").write_text(json.dumps({"sessions": sessions}))
 
     trained([150.0], "cpu: slow (2 cores)")  # one epoch, which compiled, tells no later epoch's time
-    assert benchmark.timing(third, root, statistics.median) == (60.0 + 3 * 30.0, "its dataset")
+    assert forecast.timing(third, root, statistics.median) == (60.0 + 3 * 30.0, "its dataset")
     trained([150.0, 100.0, 120.0], "cpu: slow (2 cores)")
-    assert benchmark.timing(third, root, statistics.median) == (150.0 + 110.0, "its own epochs")
-    assert benchmark.timing(third, root, device="cpu: slow (2 cores)") == (150.0 + 120.0, "its own epochs")
+    assert forecast.timing(third, root, statistics.median) == (150.0 + 110.0, "its own epochs")
+    assert forecast.timing(third, root, device="cpu: slow (2 cores)") == (150.0 + 120.0, "its own epochs")
     # Epochs trained on another device, or by a session that named none, do not time it on this one.
-    assert benchmark.timing(third, root, device="gpu: fast") == (None, None)
+    assert forecast.timing(third, root, device="gpu: fast") == (None, None)
     trained([150.0, 100.0, 120.0], "cpu: slow (2 cores)", None)
-    assert benchmark.timing(third, root, device="cpu: slow (2 cores)") == (60.0 + 30.0, "its dataset")
-    assert benchmark.timing(third, root) == (150.0 + 120.0, "its own epochs")  # any device's
+    assert forecast.timing(third, root, device="cpu: slow (2 cores)") == (60.0 + 30.0, "its dataset")
+    assert forecast.timing(third, root) == (150.0 + 120.0, "its own epochs")  # any device's
     trained([150.0, 100.0, 120.0], "cpu: slow (2 cores)")
     lines = []
     benchmark.list_queue([first, third], root, profile, log=lines.append)
     assert lines == [f"finished  {first.folder(root)}",
                      f"queued    {own}  (about 4 min, from its own epochs so far)",
                      lines[-1]]
-    left = benchmark.forecast([first, third], root, profile)
+    left = forecast.forecast([first, third], root, profile)
     assert left["sources"] == {str(own.relative_to(root)): "its own epochs"}
     # Its row's finished runs come first: they have every epoch, the first and the later ones.
     row_mate = dataclasses.replace(third, seed=third.seed + 1)
     _fake_finished_run(row_mate.folder(root), [50.0, 20.0], device="cpu: slow (2 cores)")
-    assert benchmark.timing(third, root, device="cpu: slow (2 cores)") == (50.0 + 20.0, "its row")
+    assert forecast.timing(third, root, device="cpu: slow (2 cores)") == (50.0 + 20.0, "its row")
     # Forecast for a GPU that has run none of MNIST, its own CPU epochs still time it, and the line says so.
     shutil.rmtree(row_mate.folder(root))
     cifar = dataclasses.replace(first, dataset="cifar10", cell=f"runs/cifar10/{first.variant}")
@@ -1057,11 +1057,11 @@ def test_a_damaged_history_is_left_out_of_the_forecast(tmp_path):
     _fake_finished_run(first.folder(root), [40.0, 10.0])
     with open(first.folder(root) / "history.csv", "a") as f:
         f.write("2,abc\n")
-    assert benchmark.expected_seconds(second, root) is None
+    assert forecast.expected_seconds(second, root) is None
     second.folder(root).mkdir(parents=True)  # its own history damaged: it trains again once mended, so all of it
     (second.folder(root) / "history.csv").write_text("epoch,epoch_seconds\n0,\n")
     (first.folder(root) / "history.csv").write_text("epoch,epoch_seconds\n0,40.0\n")
-    assert benchmark.expected_seconds(second, root) == 40.0 * second.config.epochs
+    assert forecast.expected_seconds(second, root) == 40.0 * second.config.epochs
 
 
 def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tmp_path, capsys):
@@ -1072,7 +1072,7 @@ def test_list_forecasts_each_queued_run_from_the_median_epoch_of_runs_like_it(tm
     _fake_finished_run(first.folder(root), [1200.0, 600.0, 6000.0])
     # An ablation of a variant without a finished run of its own is forecast from the variant's row.
     ablation = dataclasses.replace(third, variant=first.variant, cell=f"ablations/x/{first.dataset}/{first.variant}-x")
-    assert benchmark.expected_seconds(ablation, root) == 1200.0  # 1 epoch: the first epoch's time
+    assert forecast.expected_seconds(ablation, root) == 1200.0  # 1 epoch: the first epoch's time
     lines = []
     benchmark.list_queue(jobs, root, profile, log=lines.append)
     assert lines[:2] == [f"finished  {first.folder(root)}", f"queued    {second.folder(root)}  (about 20 min)"]
