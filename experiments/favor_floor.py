@@ -84,7 +84,10 @@ def checkpoint_epoch(model_file, weights_file, run):
     except HistoryError as error:
         raise FloorError(str(error)) from None
     if weights_file is not None:
-        done = int(re.search(r"epoch(\d+)", weights_file.name).group(1))
+        named = re.search(r"epoch(\d+)", weights_file.name)  # the backup's and --keep-epochs' names
+        if named is None:
+            return None, None
+        done = int(named.group(1))
         return done, dict(zip(epochs, accuracy)).get(done)
     if model_file.name == "best.keras" and accuracy:
         best = max(accuracy)  # BestCheckpoint saves when val_accuracy beats every earlier epoch
@@ -157,7 +160,7 @@ def measure(path, found, examples, dataset=None, stabilizer=None):
     import keras
 
     from experiments.data import load_dataset
-    from experiments.models import load_model_only
+    from experiments.models import first_line, load_model_only
     from performer_keras.favor_features import FavorFeatures
     from performer_keras.kernel_attention import KernelAttention
 
@@ -172,9 +175,12 @@ def measure(path, found, examples, dataset=None, stabilizer=None):
             raise FloorError(str(error)) from None
         if not isinstance(dataset, str):
             raise FloorError(f"{config} names no dataset; give --dataset")
-    model = load_model_only(model_file)
-    if weights_file is not None:
-        model.load_weights(weights_file)
+    try:
+        model = load_model_only(model_file)
+        if weights_file is not None:
+            model.load_weights(weights_file)
+    except (ValueError, OSError) as error:  # damaged, another format, or weights of another model
+        raise FloorError(f"{weights_file or model_file} does not load: {first_line(error)}") from None
     layers = [layer for layer in model.layers
               if isinstance(layer, KernelAttention) and isinstance(getattr(layer, "features", None), FavorFeatures)]
     if not layers:
@@ -183,6 +189,9 @@ def measure(path, found, examples, dataset=None, stabilizer=None):
         for layer in layers:
             layer.stabilizer = layer.features.stabilizer = stabilizer
     images = load_dataset(dataset, examples).test[0]
+    if tuple(model.inputs[0].shape[1:]) != images.shape[1:]:  # a model of another dataset, named by --dataset
+        raise FloorError(f"{model_file} takes inputs of shape {tuple(model.inputs[0].shape[1:])}, but {dataset}'s "
+                         f"images have {images.shape[1:]}")
     inputs = keras.Model(model.inputs, [layer.input for layer in layers]).predict(images, verbose=0, batch_size=128)
     inputs = inputs if len(layers) > 1 else [inputs]  # predict unwraps a one-output list
     return {"checkpoint": str(path), "epoch": epoch, "val_accuracy": accuracy, "dataset": dataset,

@@ -138,6 +138,14 @@ def test_main_writes_one_record_per_checkpoint(favor_run, monkeypatch):
     assert other["stabilizer"] == "logits" and other["layers"][0]["floor_mass"] != best["layers"][0]["floor_mass"]
     assert other["layers"][0]["key_norm_sq"] == best["layers"][0]["key_norm_sq"]
 
+    # Weights under a name without an epoch number (this was a traceback): measured, their epoch unknown.
+    named = favor_run / "backup" / "last.weights.h5"
+    named.write_bytes((favor_run / "backup" / "epoch0003.weights.h5").read_bytes())
+    assert favor_floor.main([str(named), "--limit", "8", "--out", str(favor_run / "y")]) == 0
+    last = json.loads((favor_run / "y" / "favor_floor.json").read_text())["checkpoints"][0]
+    assert (last["epoch"], last["val_accuracy"], last["layers"]) == (None, None, backup["layers"])
+    named.unlink()
+
 
 @pytest.mark.parametrize("case, message", [
     ("missing", "does not exist"),
@@ -149,6 +157,10 @@ def test_main_writes_one_record_per_checkpoint(favor_run, monkeypatch):
     ("damaged-history", "history.csv, line 3, is no epoch's row"),  # refused before it is measured, not after
     ("config-list", "config.json holds a JSON list, not an object"),  # these two were tracebacks
     ("config-without-dataset", "config.json names no dataset; give --dataset"),
+    # These three were tracebacks: a model of other images, a damaged best.keras, another model's weights.
+    ("other-images", "takes inputs of shape (14, 14, 1), but mnist's images have (28, 28, 1)"),
+    ("damaged-keras", "best.keras does not load: "),
+    ("other-weights", "epoch0001.weights.h5 does not load: "),
 ])
 def test_bad_checkpoints_fail_in_one_line(favor_run, tmp_path, capsys, case, message):
     softmax = tmp_path / "softmax"
@@ -170,13 +182,26 @@ def test_bad_checkpoints_fail_in_one_line(favor_run, tmp_path, capsys, case, mes
         (folder / "best.keras").write_bytes((favor_run / "best.keras").read_bytes())
         (folder / "config.json").write_text(config)
     (damaged / "history.csv").write_text("epoch,accuracy,epoch_seconds,val_accuracy\n0,0.5,9,0.80\n1,0.7,x,0.90\n")
+    small, broken = tmp_path / "small", tmp_path / "broken"
+    small.mkdir()
+    performer_keras.create_model("favor-absolute", size="tiny", image_shape=(14, 14, 1), num_classes=10).save(
+        small / "best.keras")
+    (small / "config.json").write_text(json.dumps({"dataset": "mnist"}))
+    (small / "backup").mkdir()
+    (small / "backup" / "epoch0001.weights.h5").write_bytes((favor_run / "backup" / "epoch0003.weights.h5").read_bytes())
+    broken.mkdir()
+    (broken / "best.keras").write_bytes((favor_run / "best.keras").read_bytes()[:1000])
+    (broken / "config.json").write_text(json.dumps({"dataset": "mnist"}))
     argv = {"missing": [str(tmp_path / "nothing")], "loose-weights": [str(favor_run), str(loose)],
             "softmax": [str(softmax)], "bare-keras": [str(bare)],
             "bare-keras-out": [str(bare), "--out", str(tmp_path / "out")],
             "stabilizer": [str(favor_run), "--stabilizer", "max", "--out", str(tmp_path / "out")],
             "damaged-history": [str(damaged), "--out", str(tmp_path / "out")],
             "config-list": [str(listed), "--out", str(tmp_path / "out")],
-            "config-without-dataset": [str(undescribed), "--out", str(tmp_path / "out")]}[case]
+            "config-without-dataset": [str(undescribed), "--out", str(tmp_path / "out")],
+            "other-images": [str(small), "--out", str(tmp_path / "out")],
+            "damaged-keras": [str(broken), "--out", str(tmp_path / "out")],
+            "other-weights": [str(small / "backup" / "epoch0001.weights.h5"), "--out", str(tmp_path / "out")]}[case]
     assert favor_floor.main([*argv, "--limit", "4"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m experiments.favor_floor: error:") and message in lines[0]
