@@ -63,7 +63,7 @@ from pathlib import Path
 from experiments.aggregate import BASELINE, write_aggregate as aggregate_cells
 from experiments.benchmark_profiles import get_profile
 from experiments.cli import SELECTION_OPTIONS, expand_variants, fail, interruptible, out_of_memory, parser
-from experiments.forecast import SOURCES, elsewhere_text, expected_seconds, forecast
+from experiments.forecast import SOURCES, elsewhere_text, epoch_seconds, expected_seconds, forecast
 from experiments.metrics import read_metrics
 from experiments.run_config import RunError, check_keep_epochs
 from experiments.setting_ablations import SETTING_ABLATIONS
@@ -249,10 +249,11 @@ def list_queue(jobs, root, profile, log=print, machine=None):
         else:
             others = [what for what, other in (("rows'", source in SOURCES[2:]), ("devices'", elsewhere)) if other]
             other = f", from other {' and other '.join(others)} runs" if others else ""
-        line = f"queued    {folder}"
+        done = len(epoch_seconds(folder))  # a resumed run's, from its history
+        what = [f"{done} of {job.config.epochs} epochs done"] if done else []
         if minutes is not None:  # a GPU's runs can take seconds: "about 0 min" read as no time at all
-            line += f"  ({'under 1' if minutes < 1 else f'about {minutes:.0f}'} min{other})"
-        log(line)
+            what.append(f"{'under 1' if minutes < 1 else f'about {minutes:.0f}'} min{other}")
+        log(f"queued    {folder}" + (f"  ({'; '.join(what)})" if what else ""))
     finished = len(jobs) - left["runs"]
     line = f"{finished} of {len(jobs)} runs finished"
     if not left["runs"]:

@@ -17,6 +17,14 @@ from experiments.history import HistoryError, read_history
 from experiments.metrics import read_metrics
 
 
+def epoch_seconds(folder):
+    """Each epoch's seconds in a run folder's history.csv, finished or not; [] without one or where it is damaged."""
+    try:
+        return [float(row["epoch_seconds"]) for row in read_history(Path(folder) / "history.csv")]
+    except HistoryError:  # damaged by hand or disk: the report names it, the forecast leaves it out
+        return []
+
+
 def expected_seconds(job, root, statistic=max, device=None):
     """Seconds `job` still needs (`timing`); None without a run to judge from."""
     return timing(job, root, statistic, device)[0]
@@ -59,12 +67,6 @@ def timing(job, root, statistic=max, device=None):
         except (OSError, ValueError, AttributeError):
             return False
         return ran_with_xla(config, read_sessions(folder)) == job.config.jit_compile
-
-    def epoch_seconds(folder):
-        try:
-            return [float(row["epoch_seconds"]) for row in read_history(folder / "history.csv")]
-        except HistoryError:  # damaged by hand or disk: the report names it, the forecast leaves it out
-            return []
 
     def times_of(runs):
         runs = [seconds for seconds in runs if seconds]

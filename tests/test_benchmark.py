@@ -1032,7 +1032,7 @@ def test_a_resumed_run_without_a_finished_row_mate_is_forecast_from_its_own_epoc
     lines = []
     benchmark.list_queue([first, third], root, profile, log=lines.append)
     assert lines == [f"finished  {first.folder(root)}",
-                     f"queued    {own}  (about 4 min, from its own epochs so far)",
+                     f"queued    {own}  (3 of 5 epochs done; about 4 min, from its own epochs so far)",
                      lines[-1]]
     left = forecast.forecast([first, third], root, profile)
     assert left["sources"] == {str(own.relative_to(root)): "its own epochs"}
@@ -1046,7 +1046,7 @@ def test_a_resumed_run_without_a_finished_row_mate_is_forecast_from_its_own_epoc
     _fake_finished_run(cifar.folder(root), [5.0], device="gpu: fast")
     lines.clear()
     benchmark.list_queue([first, cifar, third], root, profile, log=lines.append, machine="gpu: fast")
-    assert lines[2] == f"queued    {own}  (about 4 min, from its own epochs so far, on another device)"
+    assert lines[2] == f"queued    {own}  (3 of 5 epochs done; about 4 min, from its own epochs so far, on another device)"
 
 
 def test_a_damaged_history_is_left_out_of_the_forecast(tmp_path):
