@@ -147,6 +147,8 @@ def test_main_writes_one_record_per_checkpoint(favor_run, monkeypatch):
     named.unlink()
 
 
+# Keras warns of the other model's layers it finds no weights for before it refuses the file ("other-weights").
+@pytest.mark.filterwarnings("ignore:Skipping nested container:UserWarning")
 @pytest.mark.parametrize("case, message", [
     ("missing", "does not exist"),
     ("loose-weights", "is not in a folder (backup/, epochs/) of a run folder with best.keras"),
