@@ -356,13 +356,13 @@ def commands(profile, results_dir):
 def report_header(profile, results_dir, jobs=None):
     """What aggregate.json says about the profile besides the runs; `jobs` (default its whole queue) are forecast."""
     jobs = all_jobs(profile, results_dir) if jobs is None else jobs
+    root = profile_root(results_dir, profile)
     return dict(profile=profile.name, doc=profile.doc, commands=commands(profile, results_dir),
                 settings=profile.settings, epochs=profile.epochs, seeds=list(profile.seeds),
                 more_seeds={dataset: list(seeds) for dataset, seeds in profile.more_seeds.items()},
                 pipeline_check=profile.pipeline_check,
                 ablation_seeds=list(profile.ablation_seeds or profile.seeds),
-                forecast=forecast(unique_runs(jobs, profile_root(results_dir, profile)), profile_root(results_dir, profile),
-                                  profile))
+                forecast=forecast(unique_runs(jobs, root), root, profile))
 
 
 def write_aggregate(profile, results_dir, selected=()):
