@@ -63,7 +63,7 @@ from pathlib import Path
 from experiments.aggregate import BASELINE, write_aggregate as aggregate_cells
 from experiments.benchmark_profiles import get_profile
 from experiments.cli import SELECTION_OPTIONS, expand_variants, fail, interruptible, out_of_memory, parser
-from experiments.forecast import SOURCES, elsewhere_text, epoch_seconds, expected_seconds, forecast
+from experiments.forecast import DATASET, OWN_EPOCHS, VARIANT_ROW, elsewhere_text, epoch_seconds, expected_seconds, forecast
 from experiments.metrics import read_metrics
 from experiments.run_config import RunError, check_keep_epochs
 from experiments.setting_ablations import SETTING_ABLATIONS
@@ -244,10 +244,10 @@ def list_queue(jobs, root, profile, log=print, machine=None):
         minutes = left["minutes"][key]
         source, elsewhere = left["sources"][key], key in left["elsewhere"]
         # A row's own runs time it best; another row's (m = 256 from m = 128's, say) may be far off.
-        if source == "its own epochs":
+        if source == OWN_EPOCHS:
             other = ", from its own epochs so far" + (", on another device" if elsewhere else "")
         else:
-            others = [what for what, other in (("rows'", source in SOURCES[2:]), ("devices'", elsewhere)) if other]
+            others = [what for what, other in (("rows'", source in (VARIANT_ROW, DATASET)), ("devices'", elsewhere)) if other]
             other = f", from other {' and other '.join(others)} runs" if others else ""
         done = len(epoch_seconds(folder))  # a resumed run's, from its history
         what = [f"{done} of {job.config.epochs} epochs done"] if done else []
@@ -465,7 +465,8 @@ def main(argv=None):
     cli = parser("benchmark", __doc__, *SELECTION_OPTIONS, *RUN_ONLY, "shard", "list")
     args = cli.parse_args(argv)
     # Given where it differs from its default: argparse keeps no other trace.
-    unread = [name for name in RUN_ONLY if getattr(args, name.replace("-", "_")) != cli.get_default(name.replace("-", "_"))]
+    unread = [name for name, dest in ((name, name.replace("-", "_")) for name in RUN_ONLY)
+              if getattr(args, dest) != cli.get_default(dest)]
     if args.list and unread:
         return fail("benchmark", f"--{unread[0]} changes nothing with --list, which only prints the queue and its "
                                  "forecast; run without --list to train")

@@ -30,8 +30,8 @@ def expected_seconds(job, root, statistic=max, device=None):
     return timing(job, root, statistic, device)[0]
 
 
-# Where a forecast took a run's epoch times from, best first (`timing`).
-SOURCES = ("its row", "its own epochs", "its variant's row", "its dataset")
+# Where a forecast took a run's epoch times from, best first (`timing`); the last two are other rows.
+ROW, OWN_EPOCHS, VARIANT_ROW, DATASET = SOURCES = ("its row", "its own epochs", "its variant's row", "its dataset")
 
 
 def timing(job, root, statistic=max, device=None):
@@ -79,8 +79,9 @@ def timing(job, root, statistic=max, device=None):
     def epoch_times_of(folders):
         return times_of(epoch_seconds(folder) for folder in folders if like_job(folder))
 
+    done = epoch_seconds(job.folder(root))  # a resumed run's; a damaged history is refused until mended (`training`)
+
     def own_times():
-        done = epoch_seconds(job.folder(root))
         sessions = read_sessions(job.folder(root))
         # Sessions recorded before they named their device could have run anywhere.
         on_device = device is None or (sessions and all(session.get("device") == device for session in sessions))
@@ -98,7 +99,7 @@ def timing(job, root, statistic=max, device=None):
     else:
         return None, None
     first, later = times
-    left = job.config.epochs - len(epoch_seconds(job.folder(root)))  # damaged: refused until mended (`training`)
+    left = job.config.epochs - len(done)
     return (first + later * (left - 1) if left > 0 else 0.0), source
 
 
