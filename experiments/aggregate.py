@@ -35,6 +35,7 @@ The statistics are `significance.py` (paired t, Holm over the family of
 main-table comparisons, minimum detectable difference, test-set sampling error).
 """
 
+import collections
 from pathlib import Path
 
 import numpy as np
@@ -233,13 +234,16 @@ def timing_ratio(cell, base, key):
     return None
 
 
+def shared_timing_groups(cells):
+    """The (device, XLA) groups (`timing_groups`) that timed runs of `cells`, the one that timed the most cells
+    first (ties by name)."""
+    counts = collections.Counter((g["device"], g["jit_compile"]) for cell in cells for g in cell.get("timed_on", []))
+    return sorted(counts, key=lambda group: (-counts[group], str(group)))
+
+
 def common_timing_group(cells):
     """The (device, XLA) group that timed runs of the most `cells`, or None: one axis for a latency figure."""
-    counts = {}
-    for cell in cells:
-        for g in cell.get("timed_on", []):
-            counts[(g["device"], g["jit_compile"])] = counts.get((g["device"], g["jit_compile"]), 0) + 1
-    return max(sorted(counts, key=str), key=counts.get) if counts else None
+    return next(iter(shared_timing_groups(cells)), None)
 
 
 def accuracies(cell):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from experiments import atomic
 from experiments.aggregate import (BASELINE, common_timing_group, group_mean, is_main_variant, normalization_index,
-                                  queue_part, relative_positions, timing_ratio)
+                                  queue_part, relative_positions, shared_timing_groups, timing_ratio)
 from experiments.benchmark import commands, profile_root, selected_jobs, write_aggregate
 from experiments.forecast import elsewhere_text
 from experiments.benchmark_figures import dataset_name, plot_curves, plot_pareto
@@ -402,11 +402,12 @@ def num_features_lines(aggregated):
     if any(text != "–" for row in floors for text in row[2:]):
         lines += [f"{FLOOR_WORDS[0].upper()}{FLOOR_WORDS[1:]}: whether a run that fell got its attention back.", ""]
         lines += table_lines(header, floors) + [""]
-    group = common_timing_group(cells)
-    where = f", runs on {_group_text(*group)} only" if group else ""
-    lines += [f"Inference ms per image (batch 1{where}):", ""]
-    latency_rows = grid(lambda c: _number(group_mean(c, *group, "latency_ms_batch1"), 3)) if group else []
-    lines += table_lines(header, latency_rows) + [""]
+    # One table per device and XLA setting: latencies compare only within one, and a profile's row of its own m
+    # may have run on another device than the ablation's other rows.
+    for group in shared_timing_groups(cells):
+        latency_rows = grid(lambda c: _number(group_mean(c, *group, "latency_ms_batch1"), 3))
+        lines += [f"Inference ms per image (batch 1, runs on {_group_text(*group)} only):", ""]
+        lines += table_lines(header, [row for row in latency_rows if set(row[2:]) != {"–"}]) + [""]
     keys = {"change_from_profile_m": "this m − the profile's", "gap_to_softmax_same_m": "gap to softmax"}
     lines += contrast_lines(aggregated, cells, keys, "m", lambda c: str(c["setting"]["num_features"]),
                             "a matter of the number of random features")

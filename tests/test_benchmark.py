@@ -453,6 +453,28 @@ def test_timings_compare_only_between_runs_of_one_device_and_xla_setting(tmp_pat
     assert "All datasets: 18 runs, 0.2 hours of training epochs." in readme
 
 
+def test_the_num_features_ablation_has_a_latency_table_per_device(tmp_path):
+    # The reference profile's own-m row ran on a GPU, its other m on a CPU: one table each, never one device's
+    # figures beside another's, and neither device's table dropped (it showed the device of the most cells alone).
+    profile = get_profile("small")  # its own m is 16: favor-absolute-m16 is the main row's runs
+    jobs = benchmark.plan(profile, tmp_path, variants=["softmax-absolute", "favor-absolute"], datasets=["mnist"],
+                          seeds=[0], experiments=("variants", "num_features"))
+    root = benchmark.profile_root(tmp_path, profile)
+    for job in benchmark.unique_runs(jobs, root):
+        m = job.config.num_features
+        on_gpu = job.experiment == "variants"
+        fake_run(job.folder(root), job.config, 0.9, [0.9], device="gpu: G" if on_gpu else "cpu: A",
+                 latency=0.5 if on_gpu else m / 16)
+    result = aggregate.aggregate(root, benchmark.cells(jobs), **benchmark.report_header(profile, tmp_path))
+    readme = report.render(result, {})
+    cpu, gpu = ("Inference ms per image (batch 1, runs on cpu: A, no XLA only):",
+                "Inference ms per image (batch 1, runs on gpu: G, no XLA only):")
+    assert readme.index(cpu) < readme.index(gpu)  # four cells timed on the CPU, one on the GPU
+    header = "| dataset | variant | m = 16 | m = 32 | m = 64 | m = 128 | m = 256 |\n|---|---|---|---|---|---|---|\n"
+    assert f"{cpu}\n\n{header}| MNIST | favor-absolute | – | 2.000 | 4.000 | 8.000 | 16.000 |\n\n" in readme
+    assert f"{gpu}\n\n{header}| MNIST | favor-absolute | 0.500 | – | – | – | – |\n\n" in readme
+
+
 def test_compute_time_sums_each_part_of_the_queue_and_counts_a_shared_run_once_in_its_first_part():
     def cell(directory, experiment, minutes):
         return {"directory": directory, "dataset": directory.split("/")[-2], "experiment": experiment,
