@@ -373,7 +373,7 @@ def command_line(module, argv):
 
     backend = keras.backend.backend()
     prefix = "" if backend == "tensorflow" else f"KERAS_BACKEND={backend} "
-    return f"{prefix}python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)
+    return f"{prefix}python -m {module} {shlex.join(sys.argv[1:] if argv is None else argv)}".rstrip()
 
 
 def start_backend(prog=None):

@@ -68,11 +68,30 @@ def device_name(backend=None):
 
 
 def _cpu_model():
+    return cpu_identity().get("model_name") or platform.processor() or platform.machine()
+
+
+def cpu_identity(cpuinfo="/proc/cpuinfo"):
+    """The first processor's model name, vendor, family, model and stepping from `cpuinfo`, the fields it has; {}
+    where it cannot be read (not Linux).
+
+    A virtual machine may show a bare "AMD EPYC" for every generation: two
+    2-core machines of that name ran this project's square matmuls 5x apart
+    (profiles/README.md, "How fast is this machine?"), so training sessions
+    and profile records keep this beside `device_name`, which the report
+    and forecast group by.
+    """
+    fields = {"model name": "model_name", "vendor_id": "vendor", "cpu family": "family", "model": "model",
+              "stepping": "stepping"}
+    identity = {}
     try:
-        with open("/proc/cpuinfo") as file:
+        with open(cpuinfo) as file:
             for line in file:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if not line.strip():
+                    break  # the first processor's block ends: the others repeat it
+                if key.strip() in fields:
+                    identity[fields[key.strip()]] = value.strip()
     except OSError:
-        pass  # not Linux: fall through to what platform knows
-    return platform.processor() or platform.machine()
+        pass  # not Linux: the caller falls back to what platform knows
+    return identity

@@ -31,7 +31,7 @@ import keras
 
 from experiments import checkpoints, data, event_logs, history, pipelines
 from experiments.atomic import read_json_object, write_json
-from experiments.latency import device_name
+from experiments.latency import cpu_identity, device_name
 from experiments.metrics import read_metrics
 from experiments.models import first_line, load_model_only
 from performer_keras.registry import create_model, model_config
@@ -154,13 +154,14 @@ def code_version(repo=Path(__file__).resolve().parent.parent):
 
 
 def record_provenance(out_dir, start_epoch, jit_compile):
-    """Append which code (commit), backend, device and XLA setting trained epochs from `start_epoch` on to
+    """Append which code (commit), backend, device, CPU and XLA setting trained epochs from `start_epoch` on to
     provenance.json.
 
     `jit_compile` is the model's resolved setting: a config that leaves it
     to the default (None) says nothing about what ran. The device (as
     metrics.json will name it) lets an unfinished run's epochs forecast its
-    own remaining time (`forecast.timing`).
+    own remaining time (`forecast.timing`); the CPU's family and model
+    (`latency.cpu_identity`) tell apart machines that share that name.
     """
     path = Path(out_dir) / "provenance.json"
     try:
@@ -171,7 +172,7 @@ def record_provenance(out_dir, start_epoch, jit_compile):
         raise RunError(f"{error}: the record of which code trained this run's epochs; mend it or remove it "
                        "(a new one then lists this session alone)") from None
     sessions.append({"commit": code_version(), "start_epoch": start_epoch, "keras_backend": keras.backend.backend(),
-                     "device": device_name(), "jit_compile": bool(jit_compile)})
+                     "device": device_name(), "cpu": cpu_identity(), "jit_compile": bool(jit_compile)})
     write_json(path, {"sessions": sessions})
 
 

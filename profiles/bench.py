@@ -35,7 +35,7 @@ from experiments import atomic
 from experiments.cli import command_line
 from experiments.compiled import compiled_predict
 from experiments.flops import analytic_model_flops, count_flops, count_training_flops
-from experiments.latency import LATENCY_REPEATS, device_name, measure_latency
+from experiments.latency import LATENCY_REPEATS, cpu_identity, device_name, measure_latency
 from performer_keras.kernel_attention import KernelAttention
 from performer_keras.options import check_choice, check_positive
 from performer_keras.registry import create_model, model_config, parse_variant
@@ -149,7 +149,7 @@ def record_header():
         import jax as backend_module
     else:
         import tensorflow as backend_module
-    return dict(device=device_name(), backend=backend, backend_version=backend_module.__version__,
+    return dict(device=device_name(), cpu=cpu_identity(), backend=backend, backend_version=backend_module.__version__,
                 keras_version=keras.__version__)
 
 

@@ -296,6 +296,7 @@ def main(argv=None):
         "command": command_line("profiles.engine", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": bench.device_name(),
+        "cpu": bench.cpu_identity(),
         # Whether the children below ran with huge pages for XLA's buffers (`experiments.huge_pages`).
         "huge_pages": huge_pages.has_tunable(os.environ),
         "task": task,

@@ -131,7 +131,7 @@ def matmul_gflops(subject, config, image_shape, batch_size):
 
     dtype = keras.DTypePolicy(config.precision).compute_dtype
     if subject == "matmul:square":
-        return matmul_rate.matmul_gflops(matmul_rate.square_shapes(), copies=2, dtype=dtype)
+        return matmul_rate.matmul_gflops(matmul_rate.square_shapes(), copies=matmul_rate.SQUARE_COPIES, dtype=dtype)
     size = model_config(**config.model_overrides())
     tokens = token_count(image_shape, size["patch_size"])
     return matmul_rate.matmul_gflops(matmul_rate.vit_shapes(batch_size, tokens, size["width"], size["heads"],

@@ -21,6 +21,7 @@ import pytest
 
 import train
 from experiments import atomic
+from experiments.latency import cpu_identity
 
 REPO = Path(__file__).resolve().parent.parent
 EPOCHS = 5
@@ -134,6 +135,7 @@ def test_an_unreadable_state_file_gives_way_to_the_weights_files_with_one_line(t
     assert_same(out, uninterrupted)
     # Each session names the device as metrics.json does: an unfinished run's epochs forecast its own time on it.
     assert {session["device"] for session in sessions} == {json.loads((out / "metrics.json").read_text())["device"]}
+    assert all(session["cpu"] == cpu_identity() for session in sessions)  # which machine of that name
 
 
 def test_a_damaged_provenance_is_refused_in_one_line_before_any_write_and_the_run_resumes_without_it(

@@ -100,8 +100,8 @@ def test_a_tool_that_loaded_tensorflow_still_fails_in_one_line():
 
 # The single-purpose measurements, each of which imports Keras before it parses its command line.
 SINGLE_TOOLS = ("profiles.engine", "profiles.precision", "profiles.kerple_cost", "profiles.kerple_paths",
-                "profiles.favor_estimator", "profiles.xla_cost", "experiments.pilots", "experiments.favor_floor",
-                "experiments.rebuild_logs")
+                "profiles.favor_estimator", "profiles.xla_cost", "profiles.batch_sum", "profiles.matmul_rate",
+                "experiments.pilots", "experiments.favor_floor", "experiments.rebuild_logs")
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from pathlib import Path
 import keras
 import pytest
 
-from experiments import atomic
+from experiments import atomic, latency
 from experiments.flops import analytic_model_flops
 from profiles import bench, report, scaling, traces
 from profiles.__main__ import main
@@ -107,6 +107,20 @@ def test_a_profile_record_says_the_command_that_made_it(tmp_path):
     assert record["command"] == f"{backend}python -m profiles.demo --out 'a b'"
     assert record["rows"] == [1, 2] and record["backend"] == keras.backend.backend()
     assert {"date", "device", "backend_version", "keras_version"} <= set(record)
+    assert record["cpu"] == latency.cpu_identity()
+
+
+def test_cpu_identity_reads_the_first_processor_and_names_what_a_bare_model_name_hides(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                       "model name\t: AMD EPYC\nstepping\t: 1\ncpu MHz\t\t: 2596.152\n\n"
+                       "processor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n\n")
+    assert latency.cpu_identity(cpuinfo) == {"vendor": "AuthenticAMD", "family": "25", "model": "17",
+                                             "model_name": "AMD EPYC", "stepping": "1"}
+    arm = tmp_path / "arm"  # an aarch64 kernel names no model: the device name falls back to platform's
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\n\n")
+    assert latency.cpu_identity(arm) == {}
+    assert latency.cpu_identity(tmp_path / "missing") == {}
 
 
 @pytest.mark.slow
@@ -447,7 +461,7 @@ def test_engine_compares_huge_pages_in_alternating_children_and_runs_a_baseline_
                         "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("*/engine-jax-huge-pages.json")
     record = read(path)
-    assert record["huge_pages"] is True
+    assert record["huge_pages"] is True and record["cpu"] == latency.cpu_identity()
     comparison = record["huge_pages_comparison"]["jax"]
     assert comparison["on_over_off"] == dict.fromkeys(engine.SUBJECTS[:-1], 1.0) | {"train_path": 1.5}
     assert all(len(values) == engine.BASELINE_ROUNDS for arm in ("on", "off")
@@ -503,6 +517,30 @@ def test_matmul_rate_times_the_vit_s_own_matmuls_and_refuses_an_empty_call():
         assert 0 < matmul_rate.matmul_gflops(matmul_rate.vit_shapes(2, 5, 8, 2, 16), copies=2, calls=2, dtype=dtype) < 1e6
     with pytest.raises(ValueError, match="copies"):
         matmul_rate.matmul_gflops(matmul_rate.square_shapes(8), copies=0)
+
+
+def test_matmul_rate_records_each_shape_s_rounds_with_the_cpu_it_ran_on(monkeypatch, tmp_path, capsys):
+    from experiments.flops import analytic_attention_flops
+    from profiles import matmul_rate
+
+    shapes = matmul_rate.machine_shapes()
+    assert list(shapes) == ["square 2048", "small ViT block, MNIST, batch 128", "reference ViT block, MNIST, batch 128"]
+    # The reference ViT on MNIST: 7 x 7 patches and CLS, width 256, 8 heads, MLP 512.
+    reference, copies = shapes["reference ViT block, MNIST, batch 128"]
+    assert copies == matmul_rate.COPIES and matmul_rate.matmul_flops(reference) == 128 * (
+        analytic_attention_flops(50, 256, 8, "softmax") + 4 * 50 * 256 * 512)
+    tiny = {"square 8": (matmul_rate.square_shapes(8), 2), "block": (matmul_rate.vit_shapes(2, 5, 8, 2, 16), 3)}
+    monkeypatch.setattr(matmul_rate, "machine_shapes", lambda: tiny)
+    assert matmul_rate.main(["--out", str(tmp_path), "--rounds", "2"]) == 0
+    path = tmp_path / bench.device_slug() / keras.backend.backend() / "matmul_rate.json"
+    record = read(path)
+    assert record["cpu"] == latency.cpu_identity() and record["rounds"] == 2
+    assert record["command"].endswith(f"python -m profiles.matmul_rate --out {tmp_path} --rounds 2")
+    assert [row["shapes"] for row in record["rows"]] == ["square 8", "block"]
+    for row, (name, (shape, copies)) in zip(record["rows"], tiny.items()):
+        assert len(row["samples"]) == 2 and row["gflops_per_second"] == statistics.median(row["samples"]) > 0
+        assert row["gflop_per_call"] == pytest.approx(copies * matmul_rate.matmul_flops(shape) / 1e9)
+    assert f"written: {path}" in capsys.readouterr().out
 
 
 def test_engine_barrier_holds_each_child_until_all_have_arrived(tmp_path):
