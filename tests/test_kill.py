@@ -80,6 +80,24 @@ def uninterrupted(tmp_path_factory):
     return result(out)
 
 
+@pytest.fixture(scope="module")
+def killed_in_epoch_3(tmp_path_factory):
+    """A run killed inside epoch 3's history write: the backup holds epochs 2 and 1, the history epochs 0 and 1.
+
+    The tests that damage such a folder in their own ways each take a copy: one
+    kill (a process start and two epochs) serves them all.
+    """
+    out = tmp_path_factory.mktemp("killed") / "run"
+    assert killed_at("history.csv:3", out)
+    return out
+
+
+def killed_copy(killed, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(killed, out)
+    return out
+
+
 def assert_same(out, uninterrupted):
     confusion, log_likelihood, rows = result(out)
     assert confusion == uninterrupted[0]
@@ -106,9 +124,8 @@ def test_killed_inside_a_write_resumes_to_the_same_result(tmp_path, moment, unin
     assert not list(out.rglob(".tmp-*")), "a temporary file was left behind"
 
 
-def test_a_truncated_newest_backup_falls_back_with_one_line(tmp_path, capsys, uninterrupted):
-    out = tmp_path / "run"
-    assert killed_at("history.csv:3", out)  # inside epoch 3: the backup holds epochs 2 and 1
+def test_a_truncated_newest_backup_falls_back_with_one_line(tmp_path, capsys, uninterrupted, killed_in_epoch_3):
+    out = killed_copy(killed_in_epoch_3, tmp_path)
     states = json.loads((out / "backup" / "state.json").read_text())["states"]
     assert [s["epoch"] for s in states] == [2, 1]
     newest = out / "backup" / states[0]["weights"]
@@ -121,10 +138,10 @@ def test_a_truncated_newest_backup_falls_back_with_one_line(tmp_path, capsys, un
 
 
 @pytest.mark.parametrize("text", ['{"states": [', '[1, 2]', '{"states": [{"epoch": "2"}]}'])
-def test_an_unreadable_state_file_gives_way_to_the_weights_files_with_one_line(tmp_path, capsys, uninterrupted, text):
+def test_an_unreadable_state_file_gives_way_to_the_weights_files_with_one_line(tmp_path, capsys, uninterrupted, text,
+                                                                                 killed_in_epoch_3):
     # Before, it read as "no backup": training began again at epoch 0 and rotated both intact backups away.
-    out = tmp_path / "run"
-    assert killed_at("history.csv:3", out)  # inside epoch 3: the backup holds epochs 2 and 1
+    out = killed_copy(killed_in_epoch_3, tmp_path)
     (out / "backup" / "state.json").write_text(text)
     capsys.readouterr()
     run_in_process(out)
@@ -139,10 +156,9 @@ def test_an_unreadable_state_file_gives_way_to_the_weights_files_with_one_line(t
 
 
 def test_a_damaged_provenance_is_refused_in_one_line_before_any_write_and_the_run_resumes_without_it(
-        tmp_path, capsys, uninterrupted):
+        tmp_path, capsys, uninterrupted, killed_in_epoch_3):
     # Before, a traceback (a JSONDecodeError) on every rerun: the run could not be resumed.
-    out = tmp_path / "run"
-    assert killed_at("history.csv:3", out)
+    out = killed_copy(killed_in_epoch_3, tmp_path)
     (out / "provenance.json").write_text("{")
     before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
     capsys.readouterr()
@@ -163,11 +179,10 @@ def test_a_damaged_provenance_is_refused_in_one_line_before_any_write_and_the_ru
     ("no file", "history.csv has no row with epoch 0, 1 (0-based), of the 2 epochs the backup has seen"),
 ])
 def test_a_damaged_history_is_refused_in_one_line_before_any_write_and_removing_the_backup_trains_again(
-        tmp_path, capsys, uninterrupted, damage, error):
+        tmp_path, capsys, uninterrupted, damage, error, killed_in_epoch_3):
     # Before, a row that does not read ended every rerun in a traceback; missing rows were resumed over, and
     # the finished run, short of rows, counted as unfinished and trained again from the start.
-    out = tmp_path / "run"
-    assert killed_at("history.csv:3", out)  # the history holds epochs 0 and 1, the backup 2 epochs
+    out = killed_copy(killed_in_epoch_3, tmp_path)
     if damage == "no file":
         (out / "history.csv").unlink()
     else:

@@ -22,7 +22,9 @@ import pytest
 import train
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["--size", "tiny", "--limit", "400", "--batch-size", "32"]
+# Without XLA, train.py's default on TensorFlow: its compilation is most of a one-epoch tiny run. The tests
+# that train through XLA ask for it (--jit-compile, or the default in the kill-and-resume test).
+TINY = ["--size", "tiny", "--limit", "400", "--batch-size", "32", "--no-jit-compile"]
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
 
 
@@ -137,7 +139,8 @@ def test_hparams_and_scalars_logged_for_tensorboard(softmax_run):
 @pytest.mark.parametrize("variant", ["favor-rope", "relu-string", "favor-kerple"])
 def test_each_linear_kernel_family_trains_and_evaluates(tmp_path, variant):
     out = tmp_path / "run"
-    train_ok("--variant", variant, *TINY, "--epochs", "1", "--out", out)
+    # Through XLA, as train.py and the `cpu` profile train (the last --[no-]jit-compile wins).
+    train_ok("--variant", variant, *TINY, "--jit-compile", "--epochs", "1", "--out", out)
     trained = metrics(out)
     assert (trained["attention"], trained["position"]) == tuple(variant.split("-"))
     assert 0.0 <= trained["test_accuracy"] <= 1.0 and trained["flops_per_image"] > 0
@@ -179,7 +182,7 @@ def test_export_serves_uint8_with_the_same_predictions(tmp_path):
                        "--export", str(export)]) == 2
 
 
-@pytest.mark.slow  # a real train.py killed after an epoch, two minutes; tests/test_kill.py kills at every write
+@pytest.mark.slow  # a real train.py killed after an epoch, over a minute; tests/test_kill.py kills at every write
 def test_same_seed_same_metrics_and_resume_after_kill(tmp_path):
     # With dropout, whose masks must go on where the killed run stopped (StepDropout), and label smoothing.
     args = ["--variant", "favor-absolute", "--size", "tiny", "--limit", "2000", "--batch-size", "16",
@@ -207,14 +210,11 @@ def test_same_seed_same_metrics_and_resume_after_kill(tmp_path):
     with open(killed / "history.csv") as f:
         epochs = [int(row["epoch"]) for row in csv.DictReader(f)]
     assert epochs == [0, 1, 2]
+    # The killed process was a second run of the same seed: its epochs and the resumed ones give the same metrics.
     resumed, uninterrupted = metrics(killed), metrics(reference)
     assert resumed["confusion_matrix"] == uninterrupted["confusion_matrix"]
     for key in ("test_accuracy", "log_likelihood"):
         assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-5), key
-
-    again = tmp_path / "same_seed"
-    train_ok(*args, "--out", again)
-    assert metrics(again)["log_likelihood"] == pytest.approx(uninterrupted["log_likelihood"], rel=1e-5)
 
 
 def test_a_trained_run_whose_best_keras_was_damaged_is_refused_in_one_line(softmax_run, tmp_path, capsys):
