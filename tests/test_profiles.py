@@ -689,8 +689,8 @@ def test_engine_baseline_alternates_processes_and_takes_medians(monkeypatch, tmp
 def test_precision_check_trains_each_variant_in_both_precisions_and_seeds(tmp_path):
     from profiles import precision
 
-    # 300 test images, not the tool's 10,000, and no XLA (TensorFlow on a CPU emulates bfloat16, and XLA's
-    # compilation was 40% of this test's time): what is tested is the pairing of runs, not XLA's arithmetic.
+    # 300 test images, not the tool's 10,000, and no XLA (this test took 78 s with it and 45 s without, alone
+    # on a 2-core CPU): what is tested is the pairing of the runs, not XLA's arithmetic.
     settings = dict(precision.SETTINGS, size="tiny", limit=300, limit_test=True, epochs=1, batch_size=32,
                     jit_compile=False)
     # One variant, the one with the most float32 islands (FAVOR+ normaliser, FFT); each layer's own test
