@@ -13,6 +13,7 @@ from performer_keras.options import (DEFAULT_STABILIZER, ROTATION_ORDERS, STABIL
                                      check_grid_tokens, check_non_negative, check_positive, check_rank, check_seed)
 from performer_keras.registry import (DEFAULT_QK_NORM, KERNEL_TABLE, KERNELS, POSITION_TABLE, POSITIONS, QK_NORM_BEFORE_OPTION,
                                       compatible, feature_map, normalizes_qk, positions_of, resolve)
+from performer_keras.toeplitz_bias_2d import padded_fft_shape
 
 
 def split_heads(x, num_heads):
@@ -28,10 +29,11 @@ def merge_heads(x):
     return ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (-1, tokens, heads * head_dim))
 
 
-TOEPLITZ_PATHS = ("auto", "dense", "fft")
+TOEPLITZ_PATHS = ("auto", "dense", "fft", "dft")
 # "auto" takes the path that a cost model predicts faster for the layer's N, m and d
-# (`toeplitz_costs`): the FFT path where its factor (FFT_COST_FACTORS, per backend) times
-# its multiply-adds is below the dense path's count. No token count alone can choose: the
+# (`toeplitz_costs`, `auto_toeplitz_path`): the smallest of the dense path's count and the FFT
+# and DFT paths' counts, each times its backend's factor (FFT_COST_FACTORS,
+# DFT_COST_FACTORS). No token count alone can choose: the
 # FFT path correlates m (d + 1) channels, the dense path multiplies by m + d, so at m = 16,
 # d = 16 the FFT path trained faster from a few thousand tokens on a 2-core CPU and at
 # m = 64, d = 32 not up to 16,385. Besides its matmuls the dense path passes over its N^2
@@ -44,9 +46,13 @@ TOEPLITZ_PATHS = ("auto", "dense", "fft")
 # path's: memory-bound transforms against compute-bound products) is `fft_cost_factor` of
 # profiles/results/cpu-epyc-2core/<backend>/kerple_paths.json, the geometric middle of the
 # factors that pick the faster path at every point the file measured; a backend without a
-# file takes TensorFlow's.
+# file takes TensorFlow's. The DFT path's products are matmuls like the dense path's, but
+# between them it moves its m (d + 1) channels through transposes; its factor is
+# `dft_cost_factor` of profiles/results/epyc-f23m1/cpu-epyc-2core/<backend>/kerple_paths.json,
+# fitted the same way against the dense path, the first files that timed it.
 DENSE_ELEMENTWISE_COST = 64
 FFT_COST_FACTORS = {"tensorflow": 35.3, "jax": 22.4}
+DFT_COST_FACTORS = {"tensorflow": 1.7, "jax": 1.7}
 # Up to this many float32 weights per example (heads x N^2; 512 MiB) the dense path forms
 # them in one piece (4,097 tokens with 4 heads, the `cpu` profile's, as `kerple_paths` has
 # measured the path since 2026-11-25). Above, it forms them in blocks of grid rows of at most
@@ -94,23 +100,41 @@ def sum_in_a_loop(count, term, total):
     return ops.fori_loop(0, count, lambda i, total: total + term(i), total)
 
 
-def toeplitz_costs(tokens, fft_shape, num_features, head_dim):
-    """(dense, fft): multiply-adds per head and example of kernelized kerple's two exact paths.
+def toeplitz_costs(tokens, grid_size, num_features, head_dim):
+    """{path: multiply-adds per head and example} of kernelized kerple's three exact paths on an (H, W) grid.
 
     Dense: the N x N products phi(Q) phi(K)^T (m each) and W V (d each),
     plus `DENSE_ELEMENTWISE_COST` per weight for its elementwise passes.
     FFT: m (d + 1) channels, each through a 2D transform and its inverse on
-    the P x Q padded grid, counted as P Q log2(P Q).
+    the P x Q padded grid (`padded_fft_shape`), counted as P Q log2(P Q).
+    DFT: the same channels through matmuls, 4 H W (H + W) each: the (2W, W)
+    DFT of each of the H rows and its inverse, 2 W^2 H each, and a (2H, 2H)
+    row operator for each of the W frequencies, 4 W H^2.
     """
-    rows, cols = fft_shape
-    dense = tokens**2 * (num_features + head_dim + DENSE_ELEMENTWISE_COST)
-    fft = num_features * (head_dim + 1) * rows * cols * math.log2(rows * cols)
-    return dense, fft
+    height, width = grid_size
+    rows, cols = padded_fft_shape(grid_size)
+    channels = num_features * (head_dim + 1)
+    return {
+        "dense": tokens**2 * (num_features + head_dim + DENSE_ELEMENTWISE_COST),
+        "fft": channels * rows * cols * math.log2(rows * cols),
+        "dft": channels * 4 * height * width * (height + width),
+    }
 
 
 def fft_cost_factor(backend=None):
     """`FFT_COST_FACTORS` of `backend` (default: Keras'), TensorFlow's for a backend without its own."""
     return FFT_COST_FACTORS.get(backend or keras.backend.backend(), FFT_COST_FACTORS["tensorflow"])
+
+
+def dft_cost_factor(backend=None):
+    """`DFT_COST_FACTORS` of `backend` (default: Keras'), TensorFlow's for a backend without its own."""
+    return DFT_COST_FACTORS.get(backend or keras.backend.backend(), DFT_COST_FACTORS["tensorflow"])
+
+
+def auto_toeplitz_path(costs, backend=None):
+    """The path of `costs` (`toeplitz_costs`, or some of its paths) whose count times the backend's factor is the smallest (the first on a tie)."""
+    factors = {"dense": 1.0, "fft": fft_cost_factor(backend), "dft": dft_cost_factor(backend)}
+    return min(costs, key=lambda path: factors[path] * costs[path])
 
 
 def weighted_average(phi_q, keys, v, position_weights=None):
@@ -216,14 +240,13 @@ class KernelAttention(keras.layers.Layer):
         linformer_dim: k, the projected sequence length for linformer.
         fused: softmax only: `ops.dot_product_attention` (flash attention
             where the backend has it) instead of the explicit matmuls.
-        toeplitz_path: kerple with a linear kernel: "dense", "fft", or
-            "auto" (default): the one `toeplitz_costs` and the backend's
-            measured `FFT_COST_FACTORS` predict faster for this N, m and d
-            (on square grids dense below about 6,200 tokens on TensorFlow
-            and 3,600 on JAX at m = 16, d = 16, below about 32,000 and
-            20,200 at m = 64, d = 32). `toeplitz_path_used` says which one
-            the layer runs.
-            Above `FFT_CHUNK_ELEMENTS` per example the FFT path takes the
+        toeplitz_path: kerple with a linear kernel: "dense", "fft", "dft"
+            (`ToeplitzBias2D`'s matmul form of the FFT path: O(N (H + W))
+            per channel), or "auto" (default): the one `toeplitz_costs` and
+            the backend's measured factors predict faster for this grid, m
+            and d (`auto_toeplitz_path`; where it switches: README, "KERPLE's
+            three paths"). `toeplitz_path_used` says which one the layer runs.
+            Above `FFT_CHUNK_ELEMENTS` per example the FFT and DFT paths take the
             features in chunks, one after another in one loop, recomputed in
             the backward pass: less training memory for one more forward
             pass of the correlation.
@@ -333,14 +356,13 @@ class KernelAttention(keras.layers.Layer):
 
     @property
     def toeplitz_path_used(self):
-        """"dense" or "fft" for kerple with a linear kernel (after build), else None."""
+        """"dense", "fft" or "dft" for kerple with a linear kernel (after build), else None."""
         if not (self.spec.linear and self.position_spec.kind == "bias" and self.built):
             return None
         if self.toeplitz_path != "auto":
             return self.toeplitz_path
         tokens = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
-        dense, fft = toeplitz_costs(tokens, self.toeplitz.fft_shape, self.features.feature_dim, self.head_dim)
-        return "fft" if fft_cost_factor() * fft < dense else "dense"
+        return auto_toeplitz_path(toeplitz_costs(tokens, self.grid_size, self.features.feature_dim, self.head_dim))
 
     @property
     def normalizes(self):
@@ -508,16 +530,18 @@ class KernelAttention(keras.layers.Layer):
             return self._dense_toeplitz_blocks(phi_q, keys, v)
         m, d = ops.shape(phi_q)[-1], ops.shape(v)[-1]
         v_ones = ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)  # (batch, heads, N, d+1)
-        rows, cols = self.toeplitz.fft_shape
-        size, whole, _ = loop_chunks(m, self.num_heads * (d + 1) * rows * cols, FFT_CHUNK_ELEMENTS)
-        spectrum = self.toeplitz.kernel_spectrum()
-        if size == m:
-            out = self._correlate_features(phi_q, phi_k, v_ones, *spectrum)
+        if self.toeplitz_path_used == "dft":
+            operators, points = (self.toeplitz.dft_operators(),), 2 * self.grid_size[0] * self.grid_size[1]
         else:
-            out = self._correlate_feature_chunks(phi_q, phi_k, v_ones, spectrum, size, whole)
+            operators, points = self.toeplitz.kernel_spectrum(), math.prod(self.toeplitz.fft_shape)
+        size, whole, _ = loop_chunks(m, self.num_heads * (d + 1) * points, FFT_CHUNK_ELEMENTS)
+        if size == m:
+            out = self._correlate_features(phi_q, phi_k, v_ones, *operators)
+        else:
+            out = self._correlate_feature_chunks(phi_q, phi_k, v_ones, operators, size, whole)
         return out[..., :d] / out[..., d:]
 
-    def _correlate_feature_chunks(self, phi_q, phi_k, v_ones, spectrum, size, whole):
+    def _correlate_feature_chunks(self, phi_q, phi_k, v_ones, operators, size, whole):
         """`_correlate_features` over `whole` chunks of `size` features, one after another (`sum_in_a_loop`), then the rest, each recomputed in the backward pass."""
         correlate = keras.remat(self._correlate_features)
         batch, heads, tokens = ops.shape(phi_q)[:3]
@@ -526,11 +550,11 @@ class KernelAttention(keras.layers.Layer):
                                 for phi in (phi_q, phi_k))  # (whole, batch, heads, N, size)
 
         def chunk(i):
-            return correlate(ops.take(stacked_q, i, axis=0), ops.take(stacked_k, i, axis=0), v_ones, *spectrum)
+            return correlate(ops.take(stacked_q, i, axis=0), ops.take(stacked_k, i, axis=0), v_ones, *operators)
 
         out = sum_in_a_loop(whole, chunk, ops.zeros_like(v_ones))
         if features < ops.shape(phi_q)[-1]:
-            out = out + correlate(phi_q[..., features:], phi_k[..., features:], v_ones, *spectrum)
+            out = out + correlate(phi_q[..., features:], phi_k[..., features:], v_ones, *operators)
         return out
 
     def _dense_toeplitz_blocks(self, phi_q, keys, v):
@@ -558,13 +582,17 @@ class KernelAttention(keras.layers.Layer):
             outputs.append(block(phi_q[:, :, p + whole:], blocks * rows, keys, v, table))
         return ops.concatenate(outputs, axis=2)
 
-    def _correlate_features(self, phi_q, phi_k, v_ones, spectrum_real, spectrum_imag):
-        """sum_j exp(b[p_j - p_i]) phi(q_i)^T phi(k_j) [v_j, 1] over these features: (batch, heads, N, d+1)."""
+    def _correlate_features(self, phi_q, phi_k, v_ones, *operators):
+        """sum_j exp(b[p_j - p_i]) phi(q_i)^T phi(k_j) [v_j, 1] over these features: (batch, heads, N, d+1).
+
+        `operators`: the FFT path's kernel spectrum (real, imag), or the DFT path's (`dft_operators()`,).
+        """
         heads, tokens, m = ops.shape(phi_q)[1:]
         width = ops.shape(v_ones)[-1]
         # u_j = phi(k_j) (x) [v_j, 1]: numerator and normaliser in one correlation.
         u = phi_k[..., :, None] * v_ones[..., None, :]  # (batch, heads, N, m, d+1)
-        s = self.toeplitz.correlate(ops.reshape(u, (-1, heads, tokens, m * width)), (spectrum_real, spectrum_imag))
+        u = ops.reshape(u, (-1, heads, tokens, m * width))
+        s = self.toeplitz.correlate_dft(u, *operators) if self.toeplitz_path_used == "dft" else self.toeplitz.correlate(u, operators)
         s = ops.reshape(s, (-1, heads, tokens, m, width))
         return ops.matmul(phi_q[..., None, :], s)[..., 0, :]  # (.., N, 1, m) @ (.., N, m, d+1) -> (batch, heads, N, d+1)
 

@@ -1,11 +1,15 @@
-"""2D Toeplitz relative position bias, applied densely or by FFT."""
+"""2D Toeplitz relative position bias, applied densely, by FFT or by DFT matmuls."""
 
 import numpy as np
 import keras
 from keras import ops
 
-from performer_keras.options import (check_axis, check_float_dtype, check_grid_size, check_grid_tokens, check_non_negative,
-                                     check_positive, check_rank)
+from performer_keras.options import (check_axis, check_choice, check_float_dtype, check_grid_size, check_grid_tokens,
+                                     check_non_negative, check_positive, check_rank)
+
+
+# How `ToeplitzBias2D.call` computes its sum: all three exact, see the class docstring.
+PATHS = ("fft", "dft", "dense")
 
 
 def _swap_last_axes(x):
@@ -63,6 +67,24 @@ def inverse_real_fft2(real, imag, fft_length, rows=None):
     return ops.irfft((real, imag), fft_length=fft_length)
 
 
+def column_dft_matrices(width):
+    """(forward (2W, W), inverse (W, 2W)) float32: the length-(2W - 1) real DFT of a length-W column and its inverse.
+
+    `forward @ u` stacks the real parts of the W frequencies 0..W-1 over their
+    imaginary parts; `inverse @ [real; imag]` gives back the first W points
+    of the real signal of that half spectrum. 2W - 1 is the shortest length
+    whose circular correlation never wraps a column offset around, and an
+    odd length has no Nyquist term, so frequency 0 alone is counted once.
+    """
+    length = 2 * width - 1
+    angles = 2 * np.pi * np.outer(np.arange(width), np.arange(width)) / length  # [frequency, column]
+    forward = np.concatenate([np.cos(angles), -np.sin(angles)])
+    weights = np.full((width, 1), 2.0 / length)
+    weights[0] = 1.0 / length
+    inverse = np.concatenate([np.cos(angles) * weights, -np.sin(angles) * weights]).T
+    return forward.astype("float32"), inverse.astype("float32")
+
+
 @keras.saving.register_keras_serializable(package="performer_keras")
 class ToeplitzBias2D(keras.layers.Layer):
     """Toeplitz relative position encoding in 2D (Luo et al., NeurIPS 2021, arXiv:2106.12566).
@@ -78,8 +100,14 @@ class ToeplitzBias2D(keras.layers.Layer):
     2D cross-correlation of u with exp(b), computed by a 2D real FFT on a
     P x Q grid, P >= 2H-1 and Q >= 2W-1 (large enough that circular
     wrap-around never mixes offsets; `fast_fft_length` rounds each up to a
-    length without large prime factors) in O(N log N) per channel. `use_fft=False` computes the same sum
-    with the dense N x N matrix, the readable reference. `bias_matrix()` gives
+    length without large prime factors) in O(N log N) per channel.
+    `path="dft"` computes the same sum with matmuls only: a DFT of each grid
+    row as a (2W, W) matrix, then for each of the W column frequencies the
+    H x H Toeplitz operator of the row offsets (`dft_operators`), then the
+    inverse DFT; O(N (H + W)) per channel, more multiply-adds than the FFT
+    but at the speed of matrix products, where the FFT's passes are bound by
+    memory. `path="dense"` computes the same sum with the dense N x N
+    matrix, the readable reference. `bias_matrix()` gives
     the additive (heads, N, N) logit bias that softmax attention uses, so
     softmax + this bias is exactly the limit that kernelized attention + this
     bias approximates.
@@ -91,10 +119,11 @@ class ToeplitzBias2D(keras.layers.Layer):
 
     Call arguments:
         values: (batch, heads, N, channels), N = num_prefix_tokens + H*W.
-        use_fft: FFT path (default) or dense reference.
+        path: "fft" (default), "dft" or "dense" (`PATHS`).
 
     Returns: (batch, heads, N, channels), float32.
-    Cost: FFT O(N log N c) time, O(N c) memory; dense O(N^2 c).
+    Cost: FFT O(N log N c) time, O(N c) memory; DFT O(N (H + W) c) time,
+    O(N c + heads N H) memory; dense O(N^2 c).
     """
 
     def __init__(self, grid_size, num_heads, num_prefix_tokens=1, **kwargs):
@@ -158,13 +187,16 @@ class ToeplitzBias2D(keras.layers.Layer):
         """
         return self._spread(table, 1.0, (first, count))
 
-    def call(self, values, use_fft=True):
+    def call(self, values, path="fft"):
+        check_choice("path", path, PATHS)
         check_rank("ToeplitzBias2D", values.shape, "(batch, heads, tokens, channels)")
         check_axis("ToeplitzBias2D", values.shape, 1, "the heads axis (num_heads)", self.num_heads)
         check_grid_tokens("ToeplitzBias2D", values.shape, 2, self.grid_size, self.num_prefix_tokens)
         values = ops.cast(values, "float32")
-        if not use_fft:
+        if path == "dense":
             return ops.matmul(self.weight_matrix(), values)  # (heads, N, N) @ (batch, heads, N, channels)
+        if path == "dft":
+            return self.correlate_dft(values, self.dft_operators())
         return self.correlate(values, self.kernel_spectrum())
 
     @property
@@ -208,11 +240,50 @@ class ToeplitzBias2D(keras.layers.Layer):
         correlated = correlated[..., :width]  # (batch, heads, channels, H, W)
         correlated = ops.transpose(correlated, (0, 1, 3, 4, 2))
         correlated = ops.reshape(correlated, (-1, self.num_heads, height * width, channels))
+        return self._with_prefix(prefix, patches, correlated)
+
+    def dft_operators(self):
+        """(heads, W, 2H, 2H) float32: for each column frequency f, the row-offset operator of the DFT path.
+
+        After a DFT along each grid row, the correlation over column offsets
+        is a product per frequency, so what is left for frequency f is the
+        H x H Toeplitz matrix M_f[r, s] = conj(T_f[s - r]), T_f[dr] the DFT
+        of the bias row exp(b[dr, :]): complex, held as the real block
+        [[Re, -Im], [Im, Re]] that multiplies [real; imag] stacked. Computed
+        once per call of the layer and shared by every `correlate_dft` of it.
+        """
+        height, width = self.grid_size
+        # The DFT of the offsets -(W-1)..W-1, each with its own phase: cos and sin of f * offset.
+        angles = 2 * np.pi * np.outer(np.arange(1 - width, width), np.arange(width)) / (2 * width - 1)
+        table = self.weight_table()  # (heads, 2H-1, 2W-1)
+        real = ops.transpose(ops.matmul(table, np.cos(angles).astype("float32")), (0, 2, 1))  # (heads, W, 2H-1)
+        imag = ops.transpose(ops.matmul(table, np.sin(angles).astype("float32")), (0, 2, 1))  # -Im T_f: the conjugate
+        rows = np.arange(height)
+        offsets = rows[None, :] - rows[:, None] + height - 1  # [r, s] -> s - r
+        real, imag = ops.take(real, offsets, axis=2), ops.take(imag, offsets, axis=2)  # (heads, W, H, H)
+        return ops.concatenate([ops.concatenate([real, -imag], axis=3), ops.concatenate([imag, real], axis=3)], axis=2)
+
+    def correlate_dft(self, values, operators):
+        """S_i = sum_j exp(b[p_j - p_i]) u_j by matmuls, for float32 `values` (batch, heads, N, channels) and `dft_operators()`."""
+        height, width = self.grid_size
+        heads, p = self.num_heads, self.num_prefix_tokens
+        prefix, patches = values[:, :, :p], values[:, :, p:]
+        channels = ops.shape(values)[-1]
+        forward, inverse = column_dft_matrices(width)
+        spectra = ops.matmul(forward, ops.reshape(patches, (-1, width, channels)))  # (batch heads H, 2W, channels)
+        # Rows and (real, imag) to the contracted axis, batch and channels to the columns: one matmul per (head, frequency).
+        spectra = ops.transpose(ops.reshape(spectra, (-1, heads, height, 2, width, channels)), (1, 4, 3, 2, 0, 5))
+        spectra = ops.matmul(operators, ops.reshape(spectra, (heads, width, 2 * height, -1)))
+        spectra = ops.transpose(ops.reshape(spectra, (heads, width, 2, height, -1, channels)), (4, 0, 3, 2, 1, 5))
+        correlated = ops.matmul(inverse, ops.reshape(spectra, (-1, 2 * width, channels)))  # (batch heads H, W, channels)
+        return self._with_prefix(prefix, patches, ops.reshape(correlated, (-1, heads, height * width, channels)))
+
+    def _with_prefix(self, prefix, patches, correlated):
+        """The patch tokens' grid sums `correlated`, completed with the prefix tokens: (batch, heads, N, channels)."""
         # Prefix keys weigh 1 for every query; prefix queries weigh every key by 1.
         prefix_sum = ops.sum(prefix, axis=2, keepdims=True)
-        patch_out = correlated + prefix_sum
-        prefix_out = ops.repeat(prefix_sum + ops.sum(patches, axis=2, keepdims=True), p, axis=2)
-        return ops.concatenate([prefix_out, patch_out], axis=2)
+        prefix_out = ops.repeat(prefix_sum + ops.sum(patches, axis=2, keepdims=True), self.num_prefix_tokens, axis=2)
+        return ops.concatenate([prefix_out, correlated + prefix_sum], axis=2)
 
     def compute_output_shape(self, values_shape):
         return values_shape

@@ -2,13 +2,14 @@
 
     python -m profiles.kerple_paths     # -> profiles/results/<device>/<backend>/kerple_paths.json
 
-Times one `KernelAttention` layer (favor-kerple) with `toeplitz_path="dense"`
-and `"fft"` at growing grids (`PATCHES`), forward and forward + backward,
-compiled once per point (`scaling.compiled_passes`), in two shapes
+Times one `KernelAttention` layer (favor-kerple) with `toeplitz_path="dense"`,
+`"fft"` and `"dft"`, and softmax-kerple beside them (the layer a linear
+kernel is to beat), at growing grids (`PATCHES`), forward and forward +
+backward, compiled once per point (`scaling.compiled_passes`), in two shapes
 (`SHAPES`): the `cpu` profile's heads of dimension 16 with m = 16, and the
-reference size's heads of dimension 32 with m = 64. The two paths of a grid
+reference size's heads of dimension 32 with m = 64. The subjects of a grid
 are measured alternately, `ROUNDS` times, and the median of each is kept, so
-both see the same machine; a shape stops once the FFT path has won at two
+all see the same machine; a shape stops once the FFT path has won at two
 grids in a row, or at a grid where a path ran out of memory (a row with
 `out_of_memory`: which path, the backend's message; no timings). Above
 `DENSE_ONE_PIECE_ELEMENTS` the dense path runs in blocks of grid rows, one
@@ -25,9 +26,15 @@ FFT path did. `fft_cost_factor` is the geometric middle of the interval
 that every measured point allows (`factor_interval`; `consistent` is false
 where no factor fits every point, and the middle of the two bounds is kept);
 `KernelAttention`'s `FFT_COST_FACTORS` holds each backend's committed
-file's value (README, "KERPLE's two paths"). The ratios are the cost
+file's value (README, "KERPLE's three paths"). The ratios are the cost
 model's at the time of the run: after a change of `toeplitz_costs` run the
 profile again (a test compares each committed file with today's model).
+The DFT path's factor is fitted the same way against the dense path
+(`dft_over_dense_model`, `factor_interval(rows, "dft")`: `dft_cost_factor`)
+into `DFT_COST_FACTORS`; files from before the DFT path did not time it.
+
+`--shapes`, `--tokens` (patches) and `--rounds` narrow a run to some shapes
+and grids, for a slow machine.
 """
 
 import datetime
@@ -36,22 +43,24 @@ import statistics
 import sys
 from pathlib import Path
 
-from experiments.cli import command_line, parser, start_backend
+from experiments.cli import command_line, fail, parser, start_backend
 
 start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
 import keras
 
 from experiments import atomic
-from performer_keras.kernel_attention import toeplitz_costs
-from performer_keras.toeplitz_bias_2d import padded_fft_shape
+from performer_keras.kernel_attention import auto_toeplitz_path, toeplitz_costs
+from performer_keras.options import check_choice
 from profiles import bench
 from profiles.child import failure
 from profiles.__main__ import DEFAULT_OUT
 from profiles.scaling import SCALING_CONFIG, build_subject, compiled_passes, grid_for, subject_inputs, time_calls
 
 PATCHES = (16, 64, 256, 576, 1024, 2304, 4096, 8192, 16384)
-PATHS = ("dense", "fft")
+PATHS = ("dense", "fft", "dft")
+# Each subject: (kernel, toeplitz_path); softmax has one exact path.
+SUBJECTS = {**{path: ("favor", path) for path in PATHS}, "softmax": ("softmax", "auto")}
 MODES = ("forward", "train")
 ROUNDS = 3
 # (layer config, patch grids).
@@ -72,69 +81,88 @@ def time_path(patches, path, kernel, config):
     }
 
 
-def measure(config, patches=PATCHES, rounds=ROUNDS, kernel="favor", log=print):
-    """One row per grid: the median ms of each path and mode over `rounds` alternating rounds.
+def measure(config, patches=PATCHES, rounds=ROUNDS, subjects=SUBJECTS, log=print):
+    """One row per grid: the median ms of each subject (`SUBJECTS`) and mode over `rounds` alternating rounds.
 
-    A path that runs out of memory ends the shape with a row that says so
-    (`out_of_memory`: the path and the backend's first line) and no timings.
+    A subject that runs out of memory ends the shape with a row that says so
+    (`out_of_memory`: the subject and the backend's first line) and no timings.
     """
     rows = []
     for count in patches:
         row = {"patches": count, "tokens": count + 1, "grid": list(grid_for(count))}
-        samples = {(path, mode): [] for path in PATHS for mode in MODES}
+        samples = {(name, mode): [] for name in subjects for mode in MODES}
         try:
             for _ in range(rounds):
-                for path in PATHS:
+                for name, (kernel, path) in subjects.items():
                     for mode, ms in time_path(count, path, kernel, config).items():
-                        samples[(path, mode)].append(ms)
+                        samples[(name, mode)].append(ms)
                     keras.backend.clear_session()
         except Exception as error:
             if failure(error)[0] != "oom":  # an allocation the backend refused; anything else is a bug
                 raise
             message = str(error).strip().splitlines()[0][:300]
-            rows.append(dict(row, out_of_memory={"path": path, "error": message}))
-            log(f"N={row['tokens']}: {path} path out of memory ({message})")
+            rows.append(dict(row, out_of_memory={"path": name, "error": message}))
+            log(f"N={row['tokens']}: {name} out of memory ({message})")
             break
-        row.update({f"{path}_{mode}_ms": statistics.median(values) for (path, mode), values in samples.items()})
-        row["fft_over_dense_train"] = row["fft_train_ms"] / row["dense_train_ms"]
-        row["fft_over_dense_model"] = model_ratio(count, config)
-        log(f"N={row['tokens']}: train dense {row['dense_train_ms']:.2f} ms, fft {row['fft_train_ms']:.2f} ms")
+        row.update({f"{name}_{mode}_ms": statistics.median(values) for (name, mode), values in samples.items()})
+        for path in ("fft", "dft"):
+            row[f"{path}_over_dense_train"] = row[f"{path}_train_ms"] / row["dense_train_ms"]
+            row[f"{path}_over_dense_model"] = model_ratio(count, config, path)
+        log(f"N={row['tokens']}: train " + ", ".join(f"{name} {row[f'{name}_train_ms']:.2f} ms" for name in subjects))
         rows.append(row)
         if len(rows) >= 2 and all(r["fft_over_dense_train"] < 1 for r in rows[-2:]):
             break
     return rows
 
 
-def model_ratio(patches, config):
-    """The FFT path's multiply-adds over the dense path's (`toeplitz_costs`) for `patches` patches plus CLS."""
-    fft_shape = padded_fft_shape(grid_for(patches))
-    dense, fft = toeplitz_costs(patches + 1, fft_shape, config["num_features"], config["width"] // config["heads"])
-    return fft / dense
+def model_ratio(patches, config, path="fft"):
+    """`path`'s multiply-adds over the dense path's (`toeplitz_costs`) for `patches` patches plus CLS."""
+    costs = toeplitz_costs(patches + 1, grid_for(patches), config["num_features"], config["width"] // config["heads"])
+    return costs[path] / costs["dense"]
 
 
 def timed(rows):
-    """The rows with timings of both paths (not a grid where one ran out of memory)."""
+    """The rows with timings of every subject (not a grid where one ran out of memory)."""
     return [row for row in rows if "out_of_memory" not in row]
 
 
-def factor_interval(rows):
-    """(low, high, consistent): the FFT cost factors that pick the faster path at every row.
+def factor_interval(rows, path="fft"):
+    """(low, high, consistent): the cost factors of `path` that pick the faster of it and the dense path at every row.
 
-    `"auto"` takes the dense path where factor x fft_over_dense_model >= 1,
+    `"auto"` prefers the dense path where factor x {path}_over_dense_model >= 1,
     so a row where the dense path trained faster asks factor >= 1 / ratio
-    (low: the largest such bound), one where the FFT path did asks
-    factor < 1 / ratio (high: the smallest). None where no row asks.
+    (low: the largest such bound), one where `path` did asks
+    factor < 1 / ratio (high: the smallest). None where no row asks; rows
+    that did not time `path` (files from before the DFT path) ask nothing.
     """
-    rows = timed(rows)
-    dense_won = [1 / r["fft_over_dense_model"] for r in rows if r["dense_train_ms"] <= r["fft_train_ms"]]
-    fft_won = [1 / r["fft_over_dense_model"] for r in rows if r["fft_train_ms"] < r["dense_train_ms"]]
-    low, high = max(dense_won, default=None), min(fft_won, default=None)
+    rows = [row for row in timed(rows) if f"{path}_train_ms" in row]
+    ratio, train = f"{path}_over_dense_model", f"{path}_train_ms"
+    dense_won = [1 / r[ratio] for r in rows if r["dense_train_ms"] <= r[train]]
+    path_won = [1 / r[ratio] for r in rows if r[train] < r["dense_train_ms"]]
+    low, high = max(dense_won, default=None), min(path_won, default=None)
     return low, high, low is None or high is None or low < high
 
 
 def fft_cost_factor(low, high):
     """The geometric middle of (low, high); None unless both bounds were measured."""
     return None if low is None or high is None else (low * high) ** 0.5
+
+
+def auto_mistakes(record):
+    """(shape, tokens, auto's path, the fastest) at each point of a kerple_paths record where `"auto"`, with the
+    factors of the record's backend, would not take the fastest of the paths the point timed (dense and FFT
+    only in files from before the DFT path)."""
+    mistakes = []
+    for name, shape in record["shapes"].items():
+        layer = shape["layer"]
+        for point in timed(shape["points"]):
+            paths = [path for path in PATHS if f"{path}_train_ms" in point]
+            costs = toeplitz_costs(point["tokens"], tuple(point["grid"]), layer["num_features"], layer["width"] // layer["heads"])
+            chosen = auto_toeplitz_path({path: costs[path] for path in paths}, record["backend"])
+            fastest = min(paths, key=lambda path: point[f"{path}_train_ms"])
+            if chosen != fastest:
+                mistakes.append((name, point["tokens"], chosen, fastest))
+    return mistakes
 
 
 def dense_max(rows):
@@ -152,29 +180,41 @@ def crossover(rows):
 
 
 def main(argv=None):
-    args = parser("python -m profiles.kerple_paths", __doc__, "out").parse_args(argv)
+    prog = "python -m profiles.kerple_paths"
+    args = parser(prog, __doc__, "shapes", "tokens", "rounds", "out").parse_args(argv)
+    try:
+        names = [check_choice("shape", name, SHAPES) for name in args.shapes or SHAPES]
+    except ValueError as error:
+        return fail(prog, error)
     result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
+    rounds = args.rounds or ROUNDS
     shapes = {}
-    for name, (config, patches) in SHAPES.items():
-        rows = measure(config, patches, log=lambda line: print(f"{name}: {line}", flush=True))
+    for name in names:
+        config, patches = SHAPES[name]
+        rows = measure(config, args.tokens or patches, rounds, log=lambda line: print(f"{name}: {line}", flush=True))
         shapes[name] = {"layer": dict(config, kernel="favor", position="kerple"), "points": rows,
                         "crossover_tokens": crossover(rows), "dense_max_tokens": dense_max(rows)}
     crossovers = [shape["crossover_tokens"] for shape in shapes.values() if shape["crossover_tokens"]]
-    low, high, consistent = factor_interval([row for shape in shapes.values() for row in shape["points"]])
+    points = [row for shape in shapes.values() for row in shape["points"]]
+    low, high, consistent = factor_interval(points)
+    dft_low, dft_high, dft_consistent = factor_interval(points, "dft")
+    dft_fit = {"dft_factor_interval": [dft_low, dft_high], "dft_consistent": dft_consistent,
+               "dft_cost_factor": fft_cost_factor(dft_low, dft_high)}
     record = {
         "command": command_line("profiles.kerple_paths", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         **bench.record_header(),
-        "rounds": ROUNDS,
+        "rounds": rounds,
         "shapes": shapes,
         "crossover_tokens": min(crossovers) if crossovers else None,
         "factor_interval": [low, high],
         "consistent": consistent,
         "fft_cost_factor": fft_cost_factor(low, high),
+        **dft_fit,
     }
     atomic.write_json(result_dir / "kerple_paths.json", record, indent=1, sort_keys=False)
-    print(json.dumps({"fft_cost_factor": record["fft_cost_factor"], "factor_interval": record["factor_interval"],
-                      "file": str(result_dir / "kerple_paths.json")}))
+    print(json.dumps({key: record[key] for key in ("fft_cost_factor", "factor_interval", "dft_cost_factor", "dft_factor_interval")}
+                     | {"file": str(result_dir / "kerple_paths.json")}))
     return 0
 
 

@@ -407,19 +407,20 @@ def test_fast_fft_length_is_the_smallest_5_smooth_length_at_least_n():
     assert fast_fft_length(127) == 128 and fast_fft_length(13) == 15
 
 
-@pytest.mark.parametrize("grid, num_prefix", [((7, 7), 1), ((3, 5), 2), ((4, 3), 0), ((7, 11), 1)])
-def test_toeplitz_fft_matches_dense(grid, num_prefix):
-    # Non-square grids catch a swapped row/column; several prefixes the CLS handling. 7 and 11
-    # pad 13 and 21 up to 15 and 25, so the zeros between positive and negative offsets are checked.
+@pytest.mark.parametrize("path", ["fft", "dft"])
+@pytest.mark.parametrize("grid, num_prefix", [((7, 7), 1), ((3, 5), 2), ((4, 3), 0), ((7, 11), 1), ((1, 6), 1), ((5, 1), 1)])
+def test_toeplitz_fft_and_dft_match_dense(grid, num_prefix, path):
+    # Non-square grids catch a swapped row/column; several prefixes the CLS handling; one row or
+    # one column the degenerate transforms. 7 and 11 pad 13 and 21 up to 15 and 25 on the FFT path,
+    # so the zeros between positive and negative offsets are checked.
     rng = np.random.default_rng(3)
     layer = ToeplitzBias2D(grid, num_heads=HEADS, num_prefix_tokens=num_prefix)
     tokens = num_prefix + grid[0] * grid[1]
     values = rng.normal(size=(BATCH, HEADS, tokens, 5)).astype("float32")
     layer(values)
     layer.bias.assign(rng.normal(size=layer.bias.shape).astype("float32") * 0.5)
-    dense_path = to_numpy(layer(values, use_fft=False))
-    fft_path = to_numpy(layer(values, use_fft=True))
-    np.testing.assert_allclose(fft_path, dense_path, rtol=1e-4, atol=1e-4)
+    dense_path = to_numpy(layer(values, path="dense"))
+    np.testing.assert_allclose(to_numpy(layer(values, path=path)), dense_path, rtol=1e-4, atol=1e-4)
     # And the dense path itself is S_i = sum_j exp(b[p_j - p_i]) u_j.
     bias = toeplitz_bias(to_numpy(layer.bias), grid, num_prefix)
     np.testing.assert_allclose(dense_path, np.exp(bias) @ values, rtol=1e-5, atol=1e-5)
@@ -460,21 +461,21 @@ def test_layer_contract(kwargs, num_trainable, num_non_trainable, tmp_path):
 ODD_GRID = (5, 7)  # odd, not square: the FFT's padded grid and the offsets' signs are both exercised
 
 
-def fft_elements_per_feature():
-    """The float32 elements one feature's channels take on the FFT path's padded grid, per example."""
-    probe = KernelAttention(HEADS, "favor", "kerple", grid_size=ODD_GRID, num_features=NUM_FEATURES, toeplitz_path="fft")
+def fft_elements_per_feature(path="fft"):
+    """The float32 elements one feature's channels take per example on the FFT path's padded grid, or the DFT path's half spectra."""
+    probe = KernelAttention(HEADS, "favor", "kerple", grid_size=ODD_GRID, num_features=NUM_FEATURES, toeplitz_path=path)
     probe.build((None, 1 + ODD_GRID[0] * ODD_GRID[1], WIDTH))
-    rows, cols = probe.toeplitz.fft_shape
+    rows, cols = probe.toeplitz.fft_shape if path == "fft" else (2, ODD_GRID[0] * ODD_GRID[1])
     return HEADS * (HEAD_DIM + 1) * rows * cols
 
 
 @pytest.mark.parametrize("kernel", ["favor", "relu", "exp"])
-@pytest.mark.parametrize("path", ["dense", "dense-blocked", "fft", "fft-chunked"])
-def test_both_kerple_paths_match_brute_force_on_an_odd_grid(kernel, path, monkeypatch):
-    if path == "fft-chunked":
+@pytest.mark.parametrize("path", ["dense", "dense-blocked", "fft", "fft-chunked", "dft", "dft-chunked"])
+def test_every_kerple_path_matches_brute_force_on_an_odd_grid(kernel, path, monkeypatch):
+    if path.endswith("-chunked"):
         # Three features per chunk (the last holds one of the 16): every chunk goes through keras.remat.
-        monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 3 * fft_elements_per_feature())
-        path = "fft"
+        path = path.removesuffix("-chunked")
+        monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 3 * fft_elements_per_feature(path))
     if path == "dense-blocked":
         # Two grid rows per block (the last holds one): every block goes through keras.remat.
         monkeypatch.setattr(kernel_attention, "DENSE_ONE_PIECE_ELEMENTS", 1)
@@ -522,7 +523,7 @@ def test_loop_chunks_are_the_largest_within_the_budget_and_cover_every_item_once
                 assert size == count or (size + 1) * per_item > budget, (count, per_item, budget)
 
 
-@pytest.mark.parametrize("chunked", ["fft", "dense"])
+@pytest.mark.parametrize("chunked", ["fft", "dft", "dense"])
 def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypatch):
     """Gradients through keras.remat's recomputation equal the one-piece dense path's: one SGD step (lr 1) changes every weight alike."""
     remat_calls = []  # the first argument's shape at every call of a function keras.remat wrapped
@@ -540,7 +541,7 @@ def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypa
     models, before = [], None
     for path in ("dense", chunked):
         if models:  # the reference is the dense path in one piece; then every chunk goes through keras.remat
-            monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 3 * fft_elements_per_feature())
+            monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 3 * fft_elements_per_feature(chunked))
             monkeypatch.setattr(kernel_attention, "DENSE_ONE_PIECE_ELEMENTS", 1)
             monkeypatch.setattr(kernel_attention, "DENSE_BLOCK_ELEMENTS", 1)
         inputs = keras.Input((tokens, WIDTH))
@@ -613,44 +614,51 @@ def test_the_looped_paths_hold_one_chunk_at_a_time_under_xla_on_jax(path):
 
 
 def test_auto_takes_the_path_the_cost_model_predicts_faster():
-    from performer_keras.kernel_attention import DENSE_ELEMENTWISE_COST, FFT_COST_FACTORS, fft_cost_factor, toeplitz_costs
+    from performer_keras.kernel_attention import (DENSE_ELEMENTWISE_COST, DFT_COST_FACTORS, FFT_COST_FACTORS,
+                                                  auto_toeplitz_path, dft_cost_factor, fft_cost_factor, toeplitz_costs)
+    from profiles import kerple_paths
 
     def auto_path(grid, num_features, head_dim):
         layer = KernelAttention(2, "favor", "kerple", grid_size=grid, num_features=num_features)
         layer.build((None, 1 + grid[0] * grid[1], 2 * head_dim))
-        return layer.toeplitz_path_used, layer.toeplitz.fft_shape
+        return layer.toeplitz_path_used
 
     # The model's counts, by hand for a 64 x 128 grid (8,193 tokens; padded 128 x 256) at m = 16, d = 16.
-    dense, fft = toeplitz_costs(8193, (128, 256), 16, 16)
-    assert dense == 8193**2 * (32 + DENSE_ELEMENTWISE_COST) and fft == 16 * 17 * 128 * 256 * 15
-    # Each backend its own factor; one without a measured factor takes TensorFlow's.
-    assert fft_cost_factor() == FFT_COST_FACTORS[keras.backend.backend()]
-    assert fft_cost_factor("torch") == FFT_COST_FACTORS["tensorflow"]
-    # Square grids of growing side: the path switches once, where the factor x fft
-    # passes below dense, and later for m = 64, d = 32 than for m = 16, d = 16.
+    costs = toeplitz_costs(8193, (64, 128), 16, 16)
+    assert costs == {"dense": 8193**2 * (32 + DENSE_ELEMENTWISE_COST), "fft": 16 * 17 * 128 * 256 * 15,
+                     "dft": 16 * 17 * (2 * 128 * 128 * 64 + 128 * (2 * 64) ** 2 + 2 * 128 * 128 * 64)}
+    # Each backend its own factors; one without measured factors takes TensorFlow's.
+    assert (fft_cost_factor(), dft_cost_factor()) == (FFT_COST_FACTORS[keras.backend.backend()],
+                                                      DFT_COST_FACTORS[keras.backend.backend()])
+    assert (fft_cost_factor("torch"), dft_cost_factor("torch")) == (FFT_COST_FACTORS["tensorflow"], DFT_COST_FACTORS["tensorflow"])
+    # The smallest weighted count wins, the dense path on a tie.
+    assert auto_toeplitz_path({"dense": 10.0, "fft": 10.0 / fft_cost_factor(), "dft": 1.0}) == "dft"
+    assert auto_toeplitz_path({"dense": 10.0, "fft": 10.0 / fft_cost_factor(), "dft": 10.0}) == "dense"
+    assert auto_toeplitz_path({"dense": 100.0, "fft": 1.0}) == "fft"  # a subset of the paths
+    # Square grids of growing side: the dense path up to some side, and only the transform
+    # paths beyond it; it holds longer for m = 64, d = 32 than for m = 16, d = 16.
     switch = {}
     for num_features, head_dim in ((16, 16), (64, 32)):
         for side in range(8, 161, 8):
-            path, fft_shape = auto_path((side, side), num_features, head_dim)
-            dense, fft = toeplitz_costs(1 + side * side, fft_shape, num_features, head_dim)
-            assert path == ("fft" if fft_cost_factor() * fft < dense else "dense"), (num_features, side)
-            if path == "fft":
+            path = auto_path((side, side), num_features, head_dim)
+            assert path == auto_toeplitz_path(toeplitz_costs(1 + side * side, (side, side), num_features, head_dim))
+            if path != "dense":
                 switch.setdefault((num_features, head_dim), side)
             else:
-                assert (num_features, head_dim) not in switch, "dense again after fft"
+                assert (num_features, head_dim) not in switch, "dense again after a transform path"
     assert switch[(16, 16)] < switch.get((64, 32), 10**9)
-    # Every point this backend's factor was fitted to (README, "KERPLE's two paths"): the faster path.
-    record = json.loads((REPO / f"profiles/results/cpu-epyc-2core/{keras.backend.backend()}/kerple_paths.json").read_text())
-    for shape in record["shapes"].values():
-        m, head_dim = shape["layer"]["num_features"], shape["layer"]["width"] // shape["layer"]["heads"]
-        for point in (p for p in shape["points"] if "out_of_memory" not in p):
-            faster = "fft" if point["fft_train_ms"] < point["dense_train_ms"] else "dense"
-            assert auto_path(tuple(point["grid"]), m, head_dim)[0] == faster, (m, head_dim, point["tokens"])
+    # Every point of the profiles this backend's factors were fitted to (README, "KERPLE's three
+    # paths"): the fastest path it timed.
+    for machine in ("cpu-epyc-2core", "epyc-f23m1/cpu-epyc-2core"):
+        record = json.loads((REPO / f"profiles/results/{machine}/{keras.backend.backend()}/kerple_paths.json").read_text())
+        assert not kerple_paths.auto_mistakes(record), machine
     softmax = KernelAttention(2, "softmax", "kerple", grid_size=(2, 2))
     softmax.build((None, 5, 8))
     assert softmax.toeplitz_path_used is None
     with pytest.raises(ValueError, match="Unknown toeplitz_path 'sparse'"):
         KernelAttention(2, "favor", "kerple", grid_size=(2, 2), toeplitz_path="sparse")
+    with pytest.raises(ValueError, match=r"Unknown path 'sparse'; expected one of \('fft', 'dft', 'dense'\)"):
+        ToeplitzBias2D((2, 2), 2)(np.zeros((1, 2, 5, 3), "float32"), path="sparse")
 
 
 def test_fused_is_refused_for_kernels_without_a_fused_form():

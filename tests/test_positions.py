@@ -330,9 +330,10 @@ def test_position_layers_name_the_axis_when_inputs_and_positions_disagree(layer,
             ToeplitzBias2D(GRID, HEADS)(values)
         else:
             (RotaryEmbedding2D() if layer == "rope" else CirculantString())(values, np.zeros(positions_shape, "float32"))
-    if layer == "kerple":  # the dense reference path is checked the same way
-        with pytest.raises(ValueError, match=match):
-            ToeplitzBias2D(GRID, HEADS)(values, use_fft=False)
+    if layer == "kerple":  # the DFT and dense reference paths are checked the same way
+        for path in ("dft", "dense"):
+            with pytest.raises(ValueError, match=match):
+                ToeplitzBias2D(GRID, HEADS)(values, path=path)
 
 
 @pytest.mark.parametrize("position", ["absolute", "rope", "kerple"])

@@ -340,7 +340,7 @@ def test_kerple_paths_records_a_grid_out_of_memory_and_stops_the_shape(monkeypat
     rows = kerple_paths.measure(config, patches=(16, 64, 256), rounds=2, log=lines.append)
     assert [row["tokens"] for row in rows] == [17, 65]  # 256 patches never measured
     assert rows[1]["out_of_memory"] == {"path": "fft", "error": "RESOURCE_EXHAUSTED: Out of memory allocating 34936856704 bytes."}
-    assert "dense_train_ms" not in rows[1] and "fft path out of memory" in lines[-1]
+    assert "dense_train_ms" not in rows[1] and "fft out of memory" in lines[-1]
     # The rules read only the grids where both paths ran.
     assert kerple_paths.dense_max(rows) == 17 and kerple_paths.crossover(rows) is None
     assert kerple_paths.factor_interval(rows)[0] == pytest.approx(1 / rows[0]["fft_over_dense_model"])
@@ -348,6 +348,33 @@ def test_kerple_paths_records_a_grid_out_of_memory_and_stops_the_shape(monkeypat
     monkeypatch.setattr(kerple_paths, "time_path", lambda *args: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         kerple_paths.measure(config, patches=(16,), rounds=1)
+
+
+def test_kerple_paths_times_the_three_paths_and_softmax_alternately_on_the_shapes_and_grids_asked(monkeypatch, tmp_path, capsys):
+    from profiles import kerple_paths
+
+    calls = []
+
+    def time_path(patches, path, kernel, config):
+        calls.append((patches, kernel, path))
+        return {"forward": 1.0, "train": {"dense": 2.0, "fft": 3.0, "dft": 1.5}.get(path, 2.5)}
+
+    monkeypatch.setattr(kerple_paths, "time_path", time_path)
+    monkeypatch.setattr(kerple_paths.keras.backend, "clear_session", lambda: None)
+    argv = ["--shapes", "cpu", "--tokens", "16", "64", "--rounds", "2", "--out", str(tmp_path)]
+    assert kerple_paths.main(argv) == 0
+    one_round = [("favor", "dense"), ("favor", "fft"), ("favor", "dft"), ("softmax", "auto")]
+    assert calls == [(patches, *subject) for patches in (16, 64) for _ in range(2) for subject in one_round]
+    record = json.loads(next(tmp_path.rglob("kerple_paths.json")).read_text())
+    assert list(record["shapes"]) == ["cpu"] and record["rounds"] == 2
+    assert record["command"].endswith("python -m profiles.kerple_paths " + " ".join(argv))
+    point = record["shapes"]["cpu"]["points"][0]
+    assert [p["tokens"] for p in record["shapes"]["cpu"]["points"]] == [17, 65]
+    assert (point["dense_train_ms"], point["fft_train_ms"], point["dft_train_ms"], point["softmax_train_ms"]) == (2.0, 3.0, 1.5, 2.5)
+    # An unknown shape is a usage error, in one line, before anything is timed.
+    calls.clear()
+    assert kerple_paths.main(["--shapes", "huge"]) == 2 and not calls
+    assert capsys.readouterr().err.strip().endswith("Unknown shape 'huge'; expected one of ('cpu', 'reference')")
 
 
 # === Small helpers ===
