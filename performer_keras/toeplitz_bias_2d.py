@@ -67,6 +67,11 @@ def inverse_real_fft2(real, imag, fft_length, rows=None):
     return ops.irfft((real, imag), fft_length=fft_length)
 
 
+def dft_angles(columns, width):
+    """(W, len(columns)): 2 pi f c / (2W - 1), the phase of column (or offset) c at frequency f of the DFT path."""
+    return 2 * np.pi * np.outer(np.arange(width), columns) / (2 * width - 1)
+
+
 def column_dft_matrices(width):
     """(forward (2W, W), inverse (W, 2W)) float32: the length-(2W - 1) real DFT of a length-W column and its inverse.
 
@@ -77,7 +82,7 @@ def column_dft_matrices(width):
     odd length has no Nyquist term, so frequency 0 alone is counted once.
     """
     length = 2 * width - 1
-    angles = 2 * np.pi * np.outer(np.arange(width), np.arange(width)) / length  # [frequency, column]
+    angles = dft_angles(np.arange(width), width)
     forward = np.concatenate([np.cos(angles), -np.sin(angles)])
     weights = np.full((width, 1), 2.0 / length)
     weights[0] = 1.0 / length
@@ -253,8 +258,7 @@ class ToeplitzBias2D(keras.layers.Layer):
         once per call of the layer and shared by every `correlate_dft` of it.
         """
         height, width = self.grid_size
-        # The DFT of the offsets -(W-1)..W-1, each with its own phase: cos and sin of f * offset.
-        angles = 2 * np.pi * np.outer(np.arange(1 - width, width), np.arange(width)) / (2 * width - 1)
+        angles = dft_angles(np.arange(1 - width, width), width).T  # (2W-1, W): the offsets -(W-1)..W-1
         table = self.weight_table()  # (heads, 2H-1, 2W-1)
         real = ops.transpose(ops.matmul(table, np.cos(angles).astype("float32")), (0, 2, 1))  # (heads, W, 2H-1)
         imag = ops.transpose(ops.matmul(table, np.sin(angles).astype("float32")), (0, 2, 1))  # -Im T_f: the conjugate

@@ -143,8 +143,8 @@ def factor_interval(rows, path="fft"):
     return low, high, low is None or high is None or low < high
 
 
-def fft_cost_factor(low, high):
-    """The geometric middle of (low, high); None unless both bounds were measured."""
+def geometric_middle(low, high):
+    """The geometric middle of a factor interval (low, high): a record's `fft_cost_factor` or `dft_cost_factor`; None unless both bounds were measured."""
     return None if low is None or high is None else (low * high) ** 0.5
 
 
@@ -199,7 +199,7 @@ def main(argv=None):
     low, high, consistent = factor_interval(points)
     dft_low, dft_high, dft_consistent = factor_interval(points, "dft")
     dft_fit = {"dft_factor_interval": [dft_low, dft_high], "dft_consistent": dft_consistent,
-               "dft_cost_factor": fft_cost_factor(dft_low, dft_high)}
+               "dft_cost_factor": geometric_middle(dft_low, dft_high)}
     record = {
         "command": command_line("profiles.kerple_paths", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -209,7 +209,7 @@ def main(argv=None):
         "crossover_tokens": min(crossovers) if crossovers else None,
         "factor_interval": [low, high],
         "consistent": consistent,
-        "fft_cost_factor": fft_cost_factor(low, high),
+        "fft_cost_factor": geometric_middle(low, high),
         **dft_fit,
     }
     atomic.write_json(result_dir / "kerple_paths.json", record, indent=1, sort_keys=False)

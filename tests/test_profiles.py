@@ -311,11 +311,11 @@ def test_kerple_paths_rules_on_alternating_timings():
 
     points = [timed(0.5, 4.0), timed(0.2, 1.5), timed(0.1, 0.8), timed(0.05, 0.5)]
     assert kerple_paths.factor_interval(points) == (5.0, 10.0, True)
-    assert kerple_paths.fft_cost_factor(5.0, 10.0) == pytest.approx(50**0.5)
+    assert kerple_paths.geometric_middle(5.0, 10.0) == pytest.approx(50**0.5)
     # A point that no factor can fit (dense won at a smaller model ratio than one FFT won at).
     assert kerple_paths.factor_interval(points + [timed(0.08, 1.2)]) == (12.5, 10.0, False)
     assert kerple_paths.factor_interval(points[:2]) == (5.0, None, True)
-    assert kerple_paths.fft_cost_factor(5.0, None) is None
+    assert kerple_paths.geometric_middle(5.0, None) is None
     # The model ratio of a point, by hand: 8,192 patches (64 x 128, padded 128 x 256) at m = 16, d = 16,
     # the dense path's count with its 64 elementwise multiply-adds a weight.
     config = {"num_features": 16, "width": 64, "heads": 4}
