@@ -106,8 +106,7 @@ def bench_variant(variant, dataset="mnist", size="reference", batch_size=32, bur
         train_images_per_s=batch_size / step, compile_seconds=compile_seconds,
         params=int(sum(math.prod(w.shape) for w in model.trainable_weights)),
         peak_memory_bytes=memory.bytes, memory_method=memory.method,
-        toeplitz_path=next((layer.toeplitz_path_used for layer in model.layers
-                            if isinstance(layer, KernelAttention)), None),
+        toeplitz_path=toeplitz_path_of(model),
     )
     progress("trace")
     result["trace_dir"], result["top_operations"] = None, []
@@ -140,6 +139,11 @@ def bench_latency(variant, dataset="mnist", size="reference", batch_size=_LATENC
         latency = measure_latency(compiled_predict(model), image_shape, "float32", batch_size, repeats)
     return {f"latency_ms_batch{batch_size}": latency, "inference_peak_memory_bytes": memory.bytes,
             "memory_method": memory.method}
+
+
+def toeplitz_path_of(model):
+    """The exact KERPLE path (`toeplitz_path_used`) of `model`'s first attention layer: None unless a linear kernel with kerple."""
+    return next((layer.toeplitz_path_used for layer in model.layers if isinstance(layer, KernelAttention)), None)
 
 
 def record_header():

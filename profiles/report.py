@@ -259,6 +259,7 @@ def scaling_section(scaling):
         lines += _crossover_tables(records, scope)
         lines += _exponent_table(records)
         lines += _points_table(records)
+        lines += _toeplitz_path_table(records)
     return lines
 
 
@@ -338,6 +339,23 @@ def _points_table(records):
     return [
         "Milliseconds per call, forward / forward + backward (`oom`, `timeout`, `error`: failed there; "
         "`skip`: not run after a failure at a smaller N):", "",
+        markdown_table(["series", *(f"N={_tokens(n)}" for n in tokens)], rows), "",
+    ]
+
+
+def _toeplitz_path_table(records):
+    """Which exact KERPLE path each linear kerple series took at each N; none for files from before it was recorded."""
+    records = [s for s in records if any((p.get(m) or {}).get("toeplitz_path") for p in s["points"] for m in MODES)]
+    if not records:
+        return []
+    tokens = sorted({p["tokens"] for s in records for p in s["points"]})
+    rows = []
+    for s in records:
+        paths = {p["tokens"]: next(filter(None, ((p.get(m) or {}).get("toeplitz_path") for m in MODES)), "")
+                 for p in s["points"]}
+        rows.append([f"`{s['series']}`", *(paths.get(n, "") for n in tokens)])
+    return [
+        "The exact path `toeplitz_path=\"auto\"` took (`toeplitz_path_used`; README, \"KERPLE's three paths\"):", "",
         markdown_table(["series", *(f"N={_tokens(n)}" for n in tokens)], rows), "",
     ]
 

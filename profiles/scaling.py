@@ -18,7 +18,8 @@ and two modes, each compiled once (a `tf.function` or a `jax.jit`):
 For each point: the first call compiles, then up to `steps` calls are timed
 (fewer when they pass `max_seconds`) and the median kept; peak memory of
 building and running (`memory.PeakMemory`); forward FLOPs from the graph
-(`flops.count_flops`) beside the analytic count. A series runs in a child
+(`flops.count_flops`) beside the analytic count; for a linear kernel with
+kerple, the exact path `"auto"` took (`toeplitz_path`). A series runs in a child
 process under a time limit per point and a memory limit: a point that runs out
 of either is recorded as "oom" / "timeout" / "error", the same mode is
 skipped ("skipped") at larger N (it would need even more), and the sweep goes on.
@@ -171,7 +172,8 @@ def measure_point(scope, kernel, position, patches, mode, fused=False, config=SC
         forward, train = compiled_passes(model, scope)
         function, args = (forward, (inputs,)) if mode == "forward" else (train, (inputs, labels))
         timing = time_calls(function, args, steps, max_seconds)
-    result = dict(status="ok", peak_bytes=memory.bytes, memory_method=memory.method, **timing)
+    result = dict(status="ok", peak_bytes=memory.bytes, memory_method=memory.method,
+                  toeplitz_path=bench.toeplitz_path_of(model), **timing)
     if mode == "forward":
         batch = config["batch_size"]
         result["flops"] = _optional(lambda: count_flops(model, batch_size=batch) // batch)

@@ -226,6 +226,22 @@ def test_a_point_in_a_child_process():
     assert "train" not in point
 
 
+def test_a_sweep_records_the_kerple_path_auto_took_and_the_summary_shows_it():
+    kerple = scaling.run_series("layer", "relu", "kerple", patches=(16,), modes=("forward",), steps=1, isolate=False)
+    softmax = scaling.run_series("layer", "softmax", "kerple", patches=(16,), modes=("forward",), steps=1,
+                                 isolate=False)
+    assert kerple["points"][0]["forward"]["toeplitz_path"] == "dense"  # 17 tokens: the dense path's size
+    assert softmax["points"][0]["forward"]["toeplitz_path"] is None
+    # A point at a grid where "auto" takes another path says so in the summary's table, by series and N.
+    dft = dict(kerple, series="favor-kerple", points=[dict(kerple["points"][0], tokens=4097, forward=dict(
+        kerple["points"][0]["forward"], toeplitz_path="dft"))])
+    table = "\n".join(report._toeplitz_path_table([softmax, kerple, dft]))
+    assert "| series | N=17 | N=4,097 |" in table
+    assert "| `relu-kerple` | dense |  |" in table and "| `favor-kerple` |  | dft |" in table
+    assert "softmax-kerple" not in table
+    assert report._toeplitz_path_table([softmax]) == []  # and files from before the field: no table
+
+
 @pytest.mark.slow
 def test_the_same_command_runs_on_jax(tmp_path):
     """The backend is fixed at import, so JAX runs in its own process."""
