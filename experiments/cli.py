@@ -306,6 +306,8 @@ OPTIONS = {
     "model-tokens": dict(type=positive_int, **_LIST, metavar="N", help="patches for the model scope (default: --tokens)"),
     "scopes": dict(**_LIST, help="scaling scopes: layer, model (default both)"),
     "shapes": dict(**_LIST, help="kerple_paths' layer shapes: cpu, reference (default both)"),
+    "subjects": dict(**_LIST, help="kerple_paths' subjects: dense, fft, dft, softmax (default all; fewer for grids "
+                                   "where some cannot run)"),
     "fused-softmax": dict(**_FLAG, help="also sweep softmax through ops.dot_product_attention (flash where available)"),
     "scaling-steps": dict(type=positive_int, default=3, help="timed calls per scaling point (default 3)"),
     "max-seconds": dict(type=positive_float, default=20.0,

@@ -34,7 +34,11 @@ The DFT path's factor is fitted the same way against the dense path
 into `DFT_COST_FACTORS`; files from before the DFT path did not time it.
 
 `--shapes`, `--tokens` (patches) and `--rounds` narrow a run to some shapes
-and grids, for a slow machine.
+and grids, for a slow machine, and `--subjects` to some of the subjects: at
+grids where softmax-kerple or the dense path would take minutes a step (or
+more memory than the machine has), `--subjects fft dft` times the two
+transform paths alone. A row without the dense path fits no factor and ends
+no shape; `auto_mistakes` still checks `"auto"` among the paths it timed.
 """
 
 import datetime
@@ -86,6 +90,7 @@ def measure(config, patches=PATCHES, rounds=ROUNDS, subjects=SUBJECTS, log=print
 
     A subject that runs out of memory ends the shape with a row that says so
     (`out_of_memory`: the subject and the backend's first line) and no timings.
+    The model and timing ratios against the dense path need it among `subjects`.
     """
     rows = []
     for count in patches:
@@ -106,11 +111,12 @@ def measure(config, patches=PATCHES, rounds=ROUNDS, subjects=SUBJECTS, log=print
             break
         row.update({f"{name}_{mode}_ms": statistics.median(values) for (name, mode), values in samples.items()})
         for path in ("fft", "dft"):
-            row[f"{path}_over_dense_train"] = row[f"{path}_train_ms"] / row["dense_train_ms"]
-            row[f"{path}_over_dense_model"] = model_ratio(count, config, path)
+            if "dense" in subjects and path in subjects:
+                row[f"{path}_over_dense_train"] = row[f"{path}_train_ms"] / row["dense_train_ms"]
+                row[f"{path}_over_dense_model"] = model_ratio(count, config, path)
         log(f"N={row['tokens']}: train " + ", ".join(f"{name} {row[f'{name}_train_ms']:.2f} ms" for name in subjects))
         rows.append(row)
-        if len(rows) >= 2 and all(r["fft_over_dense_train"] < 1 for r in rows[-2:]):
+        if len(rows) >= 2 and all(r.get("fft_over_dense_train", 1.0) < 1 for r in rows[-2:]):
             break
     return rows
 
@@ -133,10 +139,11 @@ def factor_interval(rows, path="fft"):
     so a row where the dense path trained faster asks factor >= 1 / ratio
     (low: the largest such bound), one where `path` did asks
     factor < 1 / ratio (high: the smallest). None where no row asks; rows
-    that did not time `path` (files from before the DFT path) ask nothing.
+    that did not time both `path` and the dense path (files from before the
+    DFT path, runs with fewer `--subjects`) ask nothing.
     """
-    rows = [row for row in timed(rows) if f"{path}_train_ms" in row]
     ratio, train = f"{path}_over_dense_model", f"{path}_train_ms"
+    rows = [row for row in timed(rows) if ratio in row]
     dense_won = [1 / r[ratio] for r in rows if r["dense_train_ms"] <= r[train]]
     path_won = [1 / r[ratio] for r in rows if r[train] < r["dense_train_ms"]]
     low, high = max(dense_won, default=None), min(path_won, default=None)
@@ -165,14 +172,20 @@ def auto_mistakes(record):
     return mistakes
 
 
+def dense_and_fft(rows):
+    """The rows that timed both the dense and the FFT path."""
+    return [row for row in timed(rows) if "dense_train_ms" in row and "fft_train_ms" in row]
+
+
 def dense_max(rows):
-    """The largest measured token count at which the dense path trains faster, or None."""
-    return max((row["tokens"] for row in timed(rows) if row["dense_train_ms"] <= row["fft_train_ms"]), default=None)
+    """The largest measured token count at which the dense path trains faster than the FFT path, or None."""
+    return max((row["tokens"] for row in dense_and_fft(rows) if row["dense_train_ms"] <= row["fft_train_ms"]),
+               default=None)
 
 
 def crossover(rows):
-    """The smallest token count from which the FFT path trains faster at every larger measured N, or None."""
-    rows = timed(rows)
+    """The smallest token count from which the FFT path trains faster than the dense one at every larger measured N, or None."""
+    rows = dense_and_fft(rows)
     for index, row in enumerate(rows):
         if all(later["fft_train_ms"] < later["dense_train_ms"] for later in rows[index:]):
             return row["tokens"]
@@ -181,9 +194,10 @@ def crossover(rows):
 
 def main(argv=None):
     prog = "python -m profiles.kerple_paths"
-    args = parser(prog, __doc__, "shapes", "tokens", "rounds", "out").parse_args(argv)
+    args = parser(prog, __doc__, "shapes", "subjects", "tokens", "rounds", "out").parse_args(argv)
     try:
         names = [check_choice("shape", name, SHAPES) for name in args.shapes or SHAPES]
+        subjects = {check_choice("subject", name, SUBJECTS): SUBJECTS[name] for name in args.subjects or SUBJECTS}
     except ValueError as error:
         return fail(prog, error)
     result_dir = Path(args.out or DEFAULT_OUT) / bench.device_slug() / keras.backend.backend()
@@ -191,7 +205,8 @@ def main(argv=None):
     shapes = {}
     for name in names:
         config, patches = SHAPES[name]
-        rows = measure(config, args.tokens or patches, rounds, log=lambda line: print(f"{name}: {line}", flush=True))
+        rows = measure(config, args.tokens or patches, rounds, subjects,
+                       log=lambda line: print(f"{name}: {line}", flush=True))
         shapes[name] = {"layer": dict(config, kernel="favor", position="kerple"), "points": rows,
                         "crossover_tokens": crossover(rows), "dense_max_tokens": dense_max(rows)}
     crossovers = [shape["crossover_tokens"] for shape in shapes.values() if shape["crossover_tokens"]]
@@ -205,6 +220,7 @@ def main(argv=None):
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         **bench.record_header(),
         "rounds": rounds,
+        "subjects": list(subjects),
         "shapes": shapes,
         "crossover_tokens": min(crossovers) if crossovers else None,
         "factor_interval": [low, high],

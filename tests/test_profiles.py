@@ -387,10 +387,41 @@ def test_kerple_paths_times_the_three_paths_and_softmax_alternately_on_the_shape
     point = record["shapes"]["cpu"]["points"][0]
     assert [p["tokens"] for p in record["shapes"]["cpu"]["points"]] == [17, 65]
     assert (point["dense_train_ms"], point["fft_train_ms"], point["dft_train_ms"], point["softmax_train_ms"]) == (2.0, 3.0, 1.5, 2.5)
-    # An unknown shape is a usage error, in one line, before anything is timed.
+    # An unknown shape or subject is a usage error, in one line, before anything is timed.
     calls.clear()
     assert kerple_paths.main(["--shapes", "huge"]) == 2 and not calls
     assert capsys.readouterr().err.strip().endswith("Unknown shape 'huge'; expected one of ('cpu', 'reference')")
+    assert kerple_paths.main(["--subjects", "fft", "flash"]) == 2 and not calls
+    assert "Unknown subject 'flash'" in capsys.readouterr().err
+
+
+def test_kerple_paths_times_only_the_subjects_asked_and_fits_nothing_without_the_dense_path(monkeypatch, tmp_path):
+    from profiles import kerple_paths
+
+    calls = []
+
+    def time_path(patches, path, kernel, config):
+        calls.append((patches, path))
+        return {"forward": 1.0, "train": {"fft": 3.0, "dft": 1.5}[path]}
+
+    monkeypatch.setattr(kerple_paths, "time_path", time_path)
+    monkeypatch.setattr(kerple_paths.keras.backend, "clear_session", lambda: None)
+    # The two largest grids, where softmax-kerple and the dense path take minutes on a slow CPU.
+    argv = ["--shapes", "cpu", "--subjects", "fft", "dft", "--tokens", "8192", "16384", "--rounds", "1",
+            "--out", str(tmp_path)]
+    assert kerple_paths.main(argv) == 0
+    assert calls == [(8192, "fft"), (8192, "dft"), (16384, "fft"), (16384, "dft")]
+    record = json.loads(next(tmp_path.rglob("kerple_paths.json")).read_text())
+    assert record["subjects"] == ["fft", "dft"]
+    points = record["shapes"]["cpu"]["points"]
+    assert [(p["fft_train_ms"], p["dft_train_ms"]) for p in points] == [(3.0, 1.5), (3.0, 1.5)]
+    assert not any(key.startswith("dense") or "over_dense" in key for p in points for key in p)
+    assert record["factor_interval"] == record["dft_factor_interval"] == [None, None]
+    assert record["shapes"]["cpu"]["crossover_tokens"] is record["shapes"]["cpu"]["dense_max_tokens"] is None
+    # "auto" is still checked among the two paths timed: by the committed factors, the FFT path at
+    # 16,385 tokens on JAX (a mistake here, where the DFT path was faster) and the DFT path on TensorFlow.
+    mistakes = kerple_paths.auto_mistakes(record)
+    assert mistakes == ([("cpu", 16385, "fft", "dft")] if record["backend"] == "jax" else [])
 
 
 # === Small helpers ===
