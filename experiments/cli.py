@@ -306,6 +306,8 @@ OPTIONS = {
     "model-tokens": dict(type=positive_int, **_LIST, metavar="N", help="patches for the model scope (default: --tokens)"),
     "scopes": dict(**_LIST, help="scaling scopes: layer, model (default both)"),
     "shapes": dict(**_LIST, help="kerple_paths' layer shapes: cpu, reference (default both)"),
+    "fit-only": dict(**_FLAG, help="time nothing: print each backend's FFT and DFT factors fitted to every "
+                                   "kerple_paths.json under --out (default profiles/results)"),
     "subjects": dict(**_LIST, help="kerple_paths' subjects: dense, fft, dft, softmax (default all; fewer for grids "
                                    "where some cannot run)"),
     "fused-softmax": dict(**_FLAG, help="also sweep softmax through ops.dot_product_attention (flash where available)"),

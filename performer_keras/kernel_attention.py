@@ -41,18 +41,18 @@ TOEPLITZ_PATHS = ("auto", "dense", "fft", "dft")
 # gradients): memory-bound work that DENSE_ELEMENTWISE_COST counts as that many
 # multiply-adds per weight. Without it (or with 16) no one factor fits JAX's two shapes (the
 # elementwise passes weigh more at m + d = 32 than at 96); from about 24 on one does, and 64
-# leaves each backend an interval whose ends are 1.33 (JAX) and 1.87 (TensorFlow) times
-# apart. Each factor (the FFT path's multiply-adds run that many times slower than the dense
-# path's: memory-bound transforms against compute-bound products) is `fft_cost_factor` of
-# profiles/results/cpu-epyc-2core/<backend>/kerple_paths.json, the geometric middle of the
-# factors that pick the faster path at every point the file measured; a backend without a
-# file takes TensorFlow's. The DFT path's products are matmuls like the dense path's, but
-# between them it moves its m (d + 1) channels through transposes; its factor is
-# `dft_cost_factor` of profiles/results/epyc-f23m1/cpu-epyc-2core/<backend>/kerple_paths.json,
-# fitted the same way against the dense path, the first files that timed it.
+# leaves the first profiles' FFT points (profiles/results/cpu-epyc-2core) an interval whose
+# ends are 1.33 (JAX) and 1.87 (TensorFlow) times apart. Each factor (the FFT path's multiply-adds run that many times slower than the dense
+# path's: memory-bound transforms against compute-bound products; the DFT path's products are
+# matmuls like the dense path's, but between them it moves its m (d + 1) channels through
+# transposes) is fitted to every committed profiles/results/**/<backend>/kerple_paths.json,
+# all machines': `profiles.kerple_paths.joint_factors`, the factors that make "auto" take
+# the fastest path it timed at every point, by the widest margin (`python -m
+# profiles.kerple_paths --fit-only`; a test checks these against it). A backend without files
+# takes TensorFlow's.
 DENSE_ELEMENTWISE_COST = 64
-FFT_COST_FACTORS = {"tensorflow": 35.3, "jax": 22.4}
-DFT_COST_FACTORS = {"tensorflow": 1.7, "jax": 1.7}
+FFT_COST_FACTORS = {"tensorflow": 36.5, "jax": 24.7}
+DFT_COST_FACTORS = {"tensorflow": 1.73, "jax": 1.48}
 # Up to this many float32 weights per example (heads x N^2; 512 MiB) the dense path forms
 # them in one piece (4,097 tokens with 4 heads, the `cpu` profile's, as `kerple_paths` has
 # measured the path since 2026-11-25). Above, it forms them in blocks of grid rows of at most

@@ -1,4 +1,4 @@
-"""Where the two exact algorithms of kernelized KERPLE cross: dense O(N^2 (m + d)) against FFT O(N log N m d).
+"""Where the three exact algorithms of kernelized KERPLE cross: dense O(N^2 (m + d)), FFT O(N log N m d), DFT O(N (H + W) m d).
 
     python -m profiles.kerple_paths     # -> profiles/results/<device>/<backend>/kerple_paths.json
 
@@ -24,14 +24,19 @@ is the ratio of the counts, and the point says the factor must be at least
 1 / that ratio where the dense path trained faster and below it where the
 FFT path did. `fft_cost_factor` is the geometric middle of the interval
 that every measured point allows (`factor_interval`; `consistent` is false
-where no factor fits every point, and the middle of the two bounds is kept);
-`KernelAttention`'s `FFT_COST_FACTORS` holds each backend's committed
-file's value (README, "KERPLE's three paths"). The ratios are the cost
+where no factor fits every point, and the middle of the two bounds is kept;
+README, "KERPLE's three paths"). The ratios are the cost
 model's at the time of the run: after a change of `toeplitz_costs` run the
 profile again (a test compares each committed file with today's model).
 The DFT path's factor is fitted the same way against the dense path
-(`dft_over_dense_model`, `factor_interval(rows, "dft")`: `dft_cost_factor`)
-into `DFT_COST_FACTORS`; files from before the DFT path did not time it.
+(`dft_over_dense_model`, `factor_interval(rows, "dft")`: `dft_cost_factor`);
+files from before the DFT path did not time it.
+
+`KernelAttention`'s factors are not one file's but `joint_factors` of
+every committed file of the backend, all machines' (`--fit-only` prints
+them): the FFT and DFT factors that make `"auto"` take the fastest path it
+timed at every point, by the widest margin (`fit_constraints`). Each file's
+own `fft_cost_factor` and `dft_cost_factor` stay in it as that run's fit.
 
 `--shapes`, `--tokens` (patches) and `--rounds` narrow a run to some shapes
 and grids, for a slow machine, and `--subjects` to some of the subjects: at
@@ -43,6 +48,7 @@ no shape; `auto_mistakes` still checks `"auto"` among the paths it timed.
 
 import datetime
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -155,6 +161,89 @@ def geometric_middle(low, high):
     return None if low is None or high is None else (low * high) ** 0.5
 
 
+def path_constraints(records, backend):
+    """[(faster, slower, log(slower's count / faster's count))] at every timed point of `records` on `backend`.
+
+    One for each path a point timed besides its fastest: `"auto"` takes the
+    fastest where its factor x count is the smaller, i.e. where
+    log f_faster - log f_slower < the third entry (the dense path's factor is 1).
+    """
+    constraints = []
+    for record in records:
+        if record["backend"] != backend:
+            continue
+        for shape in record["shapes"].values():
+            layer = shape["layer"]
+            for point in timed(shape["points"]):
+                paths = [path for path in PATHS if f"{path}_train_ms" in point]
+                costs = toeplitz_costs(point["tokens"], tuple(point["grid"]), layer["num_features"],
+                                       layer["width"] // layer["heads"])
+                fastest = min(paths, key=lambda path: point[f"{path}_train_ms"])
+                constraints += [(fastest, path, math.log(costs[path] / costs[fastest])) for path in paths if path != fastest]
+    return constraints
+
+
+# The factors `joint_factors` may choose: a path 100 times cheaper or 10,000 times dearer a
+# multiply-add than the dense path is outside anything measured, and the bound keeps the fit
+# finite where the points bound a factor on one side only.
+FACTOR_RANGE = (1e-2, 1e4)
+
+
+def joint_factors(records, backend):
+    """The FFT and DFT factors that make `"auto"` take the fastest path at every point of `records` on `backend`
+    by the widest margin (`fit_constraints` of `path_constraints`): {"fft", "dft", "margin", "consistent"}."""
+    return fit_constraints(path_constraints(records, backend))
+
+
+def fit_constraints(constraints):
+    """{"fft", "dft", "margin", "consistent"}: the factors that meet `constraints` (`path_constraints`) by the widest margin.
+
+    In log factors each constraint is a half-plane; the fit maximises the
+    smallest slack t (a linear program), so every point keeps `"auto"` right
+    while its timings move by less than a factor `margin` = e^t. Where the
+    widest margin leaves a factor free along a segment (a path no point
+    bounds as tightly as the others), the fit takes the segment's middle.
+    With the dense and FFT paths alone this is the geometric middle of
+    `factor_interval`. `consistent` is false where no factors fit every
+    constraint (margin < 1: the fit then keeps the largest miss smallest); a
+    path no constraint names keeps factor 1.
+    """
+    from scipy.optimize import linprog
+
+    index = {"fft": 0, "dft": 1}
+    rows = []
+    for faster, slower, _ in constraints:  # log f_faster - log f_slower + t <= bound
+        row = [0.0, 0.0, 1.0]
+        for path, sign in ((faster, 1.0), (slower, -1.0)):
+            if path in index:
+                row[index[path]] += sign
+        rows.append(row)
+    bounds = [bound for _, _, bound in constraints]
+    if not rows:
+        return {"fft": 1.0, "dft": 1.0, "margin": None, "consistent": True}
+    limits = [tuple(math.log(limit) for limit in FACTOR_RANGE)] * 2 + [(None, None)]
+
+    def solve(objective, margin=None):
+        floor = ([[0.0, 0.0, -1.0]], [-margin]) if margin is not None else ([], [])
+        result = linprog(objective, A_ub=rows + floor[0], b_ub=bounds + floor[1], bounds=limits, method="highs")
+        if not result.success:
+            raise RuntimeError(f"factor fit failed: {result.message}")
+        return result.x
+
+    best = solve([0.0, 0.0, -1.0])[2]
+    # The ends of the widest-margin set along each log factor (a point or a segment), a hair inside.
+    ends = [solve(objective, best - 1e-9) for objective in ([1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0])]
+    named = {path for constraint in constraints for path in constraint[:2]}
+    return {"fft": math.exp((ends[0][0] + ends[1][0]) / 2) if "fft" in named else 1.0,
+            "dft": math.exp((ends[2][1] + ends[3][1]) / 2) if "dft" in named else 1.0,
+            "margin": math.exp(best), "consistent": bool(best > 0)}
+
+
+def committed_records(root=None):
+    """Every kerple_paths.json under `root` (default: profiles/results), read."""
+    return [json.loads(path.read_text()) for path in sorted(Path(root or DEFAULT_OUT).rglob("kerple_paths.json"))]
+
+
 def auto_mistakes(record):
     """(shape, tokens, auto's path, the fastest) at each point of a kerple_paths record where `"auto"`, with the
     factors of the record's backend, would not take the fastest of the paths the point timed (dense and FFT
@@ -194,7 +283,12 @@ def crossover(rows):
 
 def main(argv=None):
     prog = "python -m profiles.kerple_paths"
-    args = parser(prog, __doc__, "shapes", "subjects", "tokens", "rounds", "out").parse_args(argv)
+    args = parser(prog, __doc__, "shapes", "subjects", "tokens", "rounds", "out", "fit-only").parse_args(argv)
+    if args.fit_only:
+        records = committed_records(args.out)
+        print(json.dumps({backend: joint_factors(records, backend)
+                          for backend in sorted({record["backend"] for record in records})}))
+        return 0
     try:
         names = [check_choice("shape", name, SHAPES) for name in args.shapes or SHAPES]
         subjects = {check_choice("subject", name, SUBJECTS): SUBJECTS[name] for name in args.subjects or SUBJECTS}

@@ -118,59 +118,48 @@ def test_every_finished_cpu_run_keeps_its_tensorboard_logs():
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
-def test_auto_uses_the_factor_of_the_committed_kerple_paths_profile(backend, monkeypatch):
-    """Each backend's `FFT_COST_FACTORS` entry is its committed `kerple_paths.json`'s `fft_cost_factor` (to 0.1), a
-    factor that picks the faster path at every point the file measured, with the cost model of today's code; the
-    README quotes it."""
+def test_auto_uses_the_factors_fitted_to_every_committed_kerple_paths_profile(backend):
+    """Each backend's `FFT_COST_FACTORS` and `DFT_COST_FACTORS` entries are `joint_factors` of every committed
+    kerple_paths.json of the backend (to the digits they keep), a fit that every point allows, with the cost model
+    of today's code; the README quotes them."""
+    from performer_keras.kernel_attention import DFT_COST_FACTORS, FFT_COST_FACTORS
+    from profiles import kerple_paths
+
+    records = kerple_paths.committed_records()
+    fit = kerple_paths.joint_factors(records, backend)
+    assert fit["consistent"] and fit["margin"] > 1
+    assert FFT_COST_FACTORS[backend] == round(fit["fft"], 1) and DFT_COST_FACTORS[backend] == round(fit["dft"], 2)
+    # The files' model ratios are today's: a change of `toeplitz_costs` needs the profiles run again.
+    for record in records:
+        for shape in record["shapes"].values():
+            for point in kerple_paths.timed(shape["points"]):
+                for path in ("fft", "dft"):
+                    if f"{path}_over_dense_model" in point:
+                        assert point[f"{path}_over_dense_model"] == pytest.approx(
+                            kerple_paths.model_ratio(point["patches"], shape["layer"], path)), record["command"]
+    readme = (REPO / "README.md").read_text()
+    for name, factors in (("FFT_COST_FACTORS", FFT_COST_FACTORS), ("DFT_COST_FACTORS", DFT_COST_FACTORS)):
+        assert f"(`{name}`; " + ", ".join(f"{key}: {factor}" for key, factor in factors.items()) + ")" in readme
+
+
+def test_the_dense_count_needs_its_elementwise_term_for_one_fft_factor_to_fit_jax_s_first_profile(monkeypatch):
+    """Why `toeplitz_costs` counts the dense path's elementwise passes: without them (or with 16) no FFT factor
+    picks the faster path at every point of JAX's first kerple_paths profile; with 64 one does, in an interval whose
+    ends are 1.33 times apart (profiles/README.md)."""
     from performer_keras import kernel_attention
-    from performer_keras.kernel_attention import FFT_COST_FACTORS
     from profiles import kerple_paths
 
-    record = json.loads((REPO / f"profiles/results/cpu-epyc-2core/{backend}/kerple_paths.json").read_text())
-    prefix = "" if backend == "tensorflow" else f"KERAS_BACKEND={backend} "
-    assert record["consistent"] and record["command"].rstrip() == f"{prefix}python -m profiles.kerple_paths"
-    assert FFT_COST_FACTORS[backend] == round(record["fft_cost_factor"], 1)
-    def points_under_todays_model():
-        return [dict(point, fft_over_dense_model=kerple_paths.model_ratio(point["patches"], shape["layer"]))
-                for shape in record["shapes"].values() for point in kerple_paths.timed(shape["points"])]
-
-    # The file's model ratios are today's: a change of `toeplitz_costs` needs the profile run again.
-    recorded = [point for shape in record["shapes"].values() for point in kerple_paths.timed(shape["points"])]
-    for point, today in zip(recorded, points_under_todays_model()):
-        assert point["fft_over_dense_model"] == pytest.approx(today["fft_over_dense_model"])
-    if backend == "jax":  # why the dense count has its elementwise term: without it no factor fits JAX's points
-        intervals = {}
-        for term in (0, 16, kernel_attention.DENSE_ELEMENTWISE_COST):
-            monkeypatch.setattr(kernel_attention, "DENSE_ELEMENTWISE_COST", term)
-            intervals[term] = kerple_paths.factor_interval(points_under_todays_model())
-        assert not intervals[0][2] and not intervals[16][2]
-        low, high, consistent = intervals[term]
-        assert consistent and high / low > 1.3  # profiles/README.md: "its ends 1.33 times apart"
-    quoted = ", ".join(f"{name}: {factor}" for name, factor in FFT_COST_FACTORS.items())
-    assert f"(`FFT_COST_FACTORS`; {quoted})" in (REPO / "README.md").read_text()
-
-
-# The first profiles that timed the DFT path: a 2-core EPYC (family 23 model 1) on 2026-12-07.
-DFT_PROFILE = "profiles/results/epyc-f23m1/cpu-epyc-2core/{backend}/kerple_paths.json"
-DFT_PROFILE_COMMAND = "python -m profiles.kerple_paths --shapes cpu reference --tokens 1024 2304 4096 --out profiles/results/epyc-f23m1"
-
-
-@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
-def test_auto_uses_the_dft_factor_of_the_first_profile_that_timed_the_dft_path(backend):
-    """Each backend's `DFT_COST_FACTORS` entry is the `dft_cost_factor` (to 0.1) of its file in `DFT_PROFILE`, with
-    the cost model of today's code; the README quotes it."""
-    from performer_keras.kernel_attention import DFT_COST_FACTORS
-    from profiles import kerple_paths
-
-    record = json.loads((REPO / DFT_PROFILE.format(backend=backend)).read_text())
-    prefix = "" if backend == "tensorflow" else f"KERAS_BACKEND={backend} "
-    assert record["dft_consistent"] and record["command"] == prefix + DFT_PROFILE_COMMAND
-    assert DFT_COST_FACTORS[backend] == round(record["dft_cost_factor"], 1)
-    for shape in record["shapes"].values():
-        for point in kerple_paths.timed(shape["points"]):
-            assert point["dft_over_dense_model"] == pytest.approx(kerple_paths.model_ratio(point["patches"], shape["layer"], "dft"))
-    quoted = ", ".join(f"{name}: {factor}" for name, factor in DFT_COST_FACTORS.items())
-    assert f"(`DFT_COST_FACTORS`; {quoted})" in (REPO / "README.md").read_text()
+    record = json.loads((REPO / "profiles/results/cpu-epyc-2core/jax/kerple_paths.json").read_text())
+    assert record["command"].rstrip() == "KERAS_BACKEND=jax python -m profiles.kerple_paths"
+    intervals = {}
+    for term in (0, 16, kernel_attention.DENSE_ELEMENTWISE_COST):
+        monkeypatch.setattr(kernel_attention, "DENSE_ELEMENTWISE_COST", term)
+        points = [dict(point, fft_over_dense_model=kerple_paths.model_ratio(point["patches"], shape["layer"]))
+                  for shape in record["shapes"].values() for point in kerple_paths.timed(shape["points"])]
+        intervals[term] = kerple_paths.factor_interval(points)
+    assert not intervals[0][2] and not intervals[16][2]
+    low, high, consistent = intervals[kernel_attention.DENSE_ELEMENTWISE_COST]
+    assert consistent and high / low > 1.3
 
 
 def test_auto_takes_the_faster_path_at_every_point_of_every_machine_s_kerple_paths_profile():

@@ -338,6 +338,53 @@ def test_kerple_paths_rules_on_alternating_timings():
     assert kerple_paths.model_ratio(8192, config) == pytest.approx(16 * 17 * 128 * 256 * 15 / (8193**2 * (32 + 64)))
 
 
+def test_kerple_paths_fits_both_factors_to_every_point_by_the_widest_margin(tmp_path, capsys):
+    import math
+
+    from profiles import kerple_paths
+
+    log = math.log
+    # The dense and FFT paths alone: f_fft < 10 (FFT won) and f_fft > 5 (dense won) give the geometric
+    # middle of [5, 10) with a margin of sqrt(2) on either side; the DFT path, never timed, keeps 1.
+    fft_only = [("fft", "dense", log(10)), ("dense", "fft", log(0.2))]
+    fit = kerple_paths.fit_constraints(fft_only)
+    assert fit["fft"] == pytest.approx(50**0.5) and fit["margin"] == pytest.approx(2**0.5)
+    assert (fit["dft"], fit["consistent"]) == (1.0, True)
+    # 1.5 < f_dft < 2 is the tightest: margin sqrt(4/3), f_dft = sqrt(3). That leaves f_fft a segment: f_fft <
+    # 10 / margin, f_fft > 5 margin, and f_dft < 0.25 f_fft (the DFT path beat the FFT path at a point where it
+    # counted 4 times the multiply-adds) asks f_fft > 4 sqrt(3) margin = 8: its middle, sqrt(8 x 5 sqrt(3)).
+    three = fft_only + [("dft", "dense", log(2)), ("dense", "dft", log(1 / 1.5)), ("dft", "fft", log(0.25))]
+    fit = kerple_paths.fit_constraints(three)
+    assert fit["dft"] == pytest.approx(3**0.5) and fit["margin"] == pytest.approx((4 / 3) ** 0.5)
+    assert fit["fft"] == pytest.approx((40 * 3**0.5) ** 0.5)
+    # Points no factor fits (f_fft < 5 and > 10): the largest miss kept smallest, and said.
+    clash = kerple_paths.fit_constraints([("fft", "dense", log(5)), ("dense", "fft", log(0.1))])
+    assert clash["fft"] == pytest.approx(50**0.5) and clash["margin"] == pytest.approx(0.5**0.5)
+    assert clash["consistent"] is False
+    assert kerple_paths.fit_constraints([]) == {"fft": 1.0, "dft": 1.0, "margin": None, "consistent": True}
+
+    # From records: the constraints of each point, on its backend only; --fit-only prints each backend's fit.
+    def record(backend, tokens, **train_ms):
+        layer = {"num_features": 16, "width": 64, "heads": 4}
+        point = {"patches": tokens - 1, "tokens": tokens, "grid": list(scaling.grid_for(tokens - 1)),
+                 **{f"{path}_train_ms": ms for path, ms in train_ms.items()}}
+        return {"backend": backend, "shapes": {"cpu": {"layer": layer, "points": [point]}}}
+
+    records = [record("jax", 4097, dense=3.0, fft=2.0, dft=1.0), record("tensorflow", 1025, dense=1.0, fft=9.0)]
+    costs = kerple_paths.toeplitz_costs(4097, (64, 64), 16, 16)
+    assert sorted(kerple_paths.path_constraints(records, "jax")) == sorted(
+        [("dft", "dense", log(costs["dense"] / costs["dft"])), ("dft", "fft", log(costs["fft"] / costs["dft"]))])
+    for index, value in enumerate(records):
+        folder = tmp_path / str(index)
+        folder.mkdir()
+        (folder / "kerple_paths.json").write_text(json.dumps(value))
+    assert kerple_paths.main(["--fit-only", "--out", str(tmp_path)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert set(printed) == {"jax", "tensorflow"}
+    assert printed["jax"] == pytest.approx(kerple_paths.joint_factors(records, "jax"))
+    assert printed["tensorflow"]["dft"] == 1.0 and printed["tensorflow"]["consistent"] is True
+
+
 def test_kerple_paths_records_a_grid_out_of_memory_and_stops_the_shape(monkeypatch):
     from profiles import kerple_paths
 
