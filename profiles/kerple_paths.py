@@ -58,6 +58,7 @@ from experiments.cli import command_line, fail, parser, start_backend
 start_backend()  # before the imports below load Keras: why, in the docstring of profiles/__init__.py
 
 import keras
+from scipy.optimize import linprog
 
 from experiments import atomic
 from performer_keras.kernel_attention import auto_toeplitz_path, toeplitz_costs
@@ -199,8 +200,10 @@ def fit_constraints(constraints):
     """{"fft", "dft", "margin", "consistent"}: the factors that meet `constraints` (`path_constraints`) by the widest margin.
 
     In log factors each constraint is a half-plane; the fit maximises the
-    smallest slack t (a linear program), so every point keeps `"auto"` right
-    while its timings move by less than a factor `margin` = e^t. Where the
+    smallest slack t (a linear program): at every point the fastest path's
+    weighted count is at least `margin` = e^t times below each other timed
+    path's, so a factor could be off by less than that and `"auto"` would
+    still take each point's fastest path. Where the
     widest margin leaves a factor free along a segment (a path no point
     bounds as tightly as the others), the fit takes the segment's middle.
     With the dense and FFT paths alone this is the geometric middle of
@@ -208,8 +211,6 @@ def fit_constraints(constraints):
     constraint (margin < 1: the fit then keeps the largest miss smallest); a
     path no constraint names keeps factor 1.
     """
-    from scipy.optimize import linprog
-
     index = {"fft": 0, "dft": 1}
     rows = []
     for faster, slower, _ in constraints:  # log f_faster - log f_slower + t <= bound

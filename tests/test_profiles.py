@@ -465,10 +465,14 @@ def test_kerple_paths_times_only_the_subjects_asked_and_fits_nothing_without_the
     assert not any(key.startswith("dense") or "over_dense" in key for p in points for key in p)
     assert record["factor_interval"] == record["dft_factor_interval"] == [None, None]
     assert record["shapes"]["cpu"]["crossover_tokens"] is record["shapes"]["cpu"]["dense_max_tokens"] is None
-    # "auto" is still checked among the two paths timed: by the committed factors, the FFT path at
-    # 16,385 tokens on JAX (a mistake here, where the DFT path was faster) and the DFT path on TensorFlow.
-    mistakes = kerple_paths.auto_mistakes(record)
-    assert mistakes == ([("cpu", 16385, "fft", "dft")] if record["backend"] == "jax" else [])
+    # "auto" is still checked among the two paths timed (the DFT path was the faster at both grids): an FFT
+    # factor of 1 takes the FFT path at both, two mistakes; one of 1,000 takes the DFT path, none.
+    from performer_keras import kernel_attention
+
+    monkeypatch.setitem(kernel_attention.FFT_COST_FACTORS, record["backend"], 1.0)
+    assert kerple_paths.auto_mistakes(record) == [("cpu", 8193, "fft", "dft"), ("cpu", 16385, "fft", "dft")]
+    monkeypatch.setitem(kernel_attention.FFT_COST_FACTORS, record["backend"], 1000.0)
+    assert kerple_paths.auto_mistakes(record) == []
 
 
 # === Small helpers ===
