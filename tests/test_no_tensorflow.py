@@ -1,4 +1,4 @@
-"""The JAX path on a machine without TensorFlow: train, kill, resume, evaluate, benchmark and report,
+"""The JAX path on a machine without TensorFlow: train, kill, resume, evaluate, benchmark, report and the KERPLE profiles,
 and scripts/gpu_run.sh, which stops in one line where JAX sees no GPU; and a JAX run on a machine
 that has TensorFlow, which imports it only to export a SavedModel.
 
@@ -143,6 +143,18 @@ def test_benchmark_and_report_run_without_tensorflow(tmp_path):
     # `--list` asks which machine it forecasts for (`latency.device_name`) with TensorFlow blocked.
     listed = run("-m", "experiments.benchmark", "--profile", "tiny", "--results-dir", tmp_path, "--list").stdout
     assert listed.splitlines()[-1].endswith("the queue is complete")
+
+
+def test_the_kerple_profiles_run_without_tensorflow(tmp_path):
+    # What a GPU session would run to time KERPLE's paths at the reference heads (profiles/README.md).
+    run("-m", "profiles.kerple_paths", "--shapes", "reference", "--tokens", "16", "--rounds", "1", "--out", tmp_path)
+    (paths,) = tmp_path.glob("*/jax/kerple_paths.json")
+    point = json.loads(paths.read_text())["shapes"]["reference"]["points"][0]
+    assert all(point[f"{name}_train_ms"] > 0 for name in ("dense", "fft", "dft", "softmax"))
+    run("-m", "profiles", "softmax-kerple", "favor-kerple", "--skip-bench", "--scopes", "layer", "--tokens", "16",
+        "--scaling-steps", "1", "--in-process", "--out", tmp_path / "sweep")
+    (sweep,) = (tmp_path / "sweep").glob("*/jax/scaling/layer-favor-kerple.json")
+    assert json.loads(sweep.read_text())["points"][0]["train"]["toeplitz_path"] == "dense"
 
 
 def test_compiled_programs_are_cached_where_the_readme_says(uninterrupted):
