@@ -138,6 +138,7 @@ def test_auto_uses_the_factors_fitted_to_every_committed_kerple_paths_profile(ba
                         assert point[f"{path}_over_dense_model"] == pytest.approx(
                             kerple_paths.model_ratio(point["patches"], shape["layer"], path)), record["command"]
     readme = (REPO / "README.md").read_text()
+    assert f"{fit['margin']:.3f}" in readme.split("(`DFT_COST_FACTORS`; ", 1)[1][:1000]  # the margin it quotes
     for name, factors in (("FFT_COST_FACTORS", FFT_COST_FACTORS), ("DFT_COST_FACTORS", DFT_COST_FACTORS)):
         assert f"(`{name}`; " + ", ".join(f"{key}: {factor}" for key, factor in factors.items()) + ")" in readme
 
