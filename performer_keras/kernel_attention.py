@@ -42,10 +42,10 @@ TOEPLITZ_PATHS = ("auto", "dense", "fft", "dft")
 # multiply-adds per weight. Without it (or with 16) no one factor fits JAX's two shapes (the
 # elementwise passes weigh more at m + d = 32 than at 96); from about 24 on one does, and 64
 # leaves the first profiles' FFT points (profiles/results/cpu-epyc-2core) an interval whose
-# ends are 1.33 (JAX) and 1.87 (TensorFlow) times apart. Each factor (the FFT path's multiply-adds run that many times slower than the dense
-# path's: memory-bound transforms against compute-bound products; the DFT path's products are
-# matmuls like the dense path's, but between them it moves its m (d + 1) channels through
-# transposes) is fitted to every committed profiles/results/**/<backend>/kerple_paths.json,
+# ends are 1.33 (JAX) and 1.87 (TensorFlow) times apart. Each factor (the FFT path's
+# multiply-adds run that many times slower than the dense path's: memory-bound transforms
+# against compute-bound products; the DFT path's products are matmuls like the dense path's,
+# but between them it moves its m (d + 1) channels through transposes) is fitted to every committed profiles/results/**/<backend>/kerple_paths.json,
 # all machines': `profiles.kerple_paths.joint_factors`, the factors that make "auto" take
 # the fastest path it timed at every point, by the widest margin (`python -m
 # profiles.kerple_paths --fit-only`; a test checks these against it). A backend without files

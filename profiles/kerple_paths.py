@@ -162,6 +162,19 @@ def geometric_middle(low, high):
     return None if low is None or high is None else (low * high) ** 0.5
 
 
+def timed_paths(record):
+    """(shape, tokens, {path: its multiply-adds by `toeplitz_costs`}, the fastest path) at each timed point of a
+    record, over the paths the point timed (dense and FFT only in files from before the DFT path)."""
+    for name, shape in record["shapes"].items():
+        layer = shape["layer"]
+        for point in timed(shape["points"]):
+            paths = [path for path in PATHS if f"{path}_train_ms" in point]
+            costs = toeplitz_costs(point["tokens"], tuple(point["grid"]), layer["num_features"],
+                                   layer["width"] // layer["heads"])
+            fastest = min(paths, key=lambda path: point[f"{path}_train_ms"])
+            yield name, point["tokens"], {path: costs[path] for path in paths}, fastest
+
+
 def path_constraints(records, backend):
     """[(faster, slower, log(slower's count / faster's count))] at every timed point of `records` on `backend`.
 
@@ -169,19 +182,9 @@ def path_constraints(records, backend):
     fastest where its factor x count is the smaller, i.e. where
     log f_faster - log f_slower < the third entry (the dense path's factor is 1).
     """
-    constraints = []
-    for record in records:
-        if record["backend"] != backend:
-            continue
-        for shape in record["shapes"].values():
-            layer = shape["layer"]
-            for point in timed(shape["points"]):
-                paths = [path for path in PATHS if f"{path}_train_ms" in point]
-                costs = toeplitz_costs(point["tokens"], tuple(point["grid"]), layer["num_features"],
-                                       layer["width"] // layer["heads"])
-                fastest = min(paths, key=lambda path: point[f"{path}_train_ms"])
-                constraints += [(fastest, path, math.log(costs[path] / costs[fastest])) for path in paths if path != fastest]
-    return constraints
+    return [(fastest, path, math.log(costs[path] / costs[fastest]))
+            for record in records if record["backend"] == backend
+            for _, _, costs, fastest in timed_paths(record) for path in costs if path != fastest]
 
 
 # The factors `joint_factors` may choose: a path 100 times cheaper or 10,000 times dearer a
@@ -247,19 +250,10 @@ def committed_records(root=None):
 
 def auto_mistakes(record):
     """(shape, tokens, auto's path, the fastest) at each point of a kerple_paths record where `"auto"`, with the
-    factors of the record's backend, would not take the fastest of the paths the point timed (dense and FFT
-    only in files from before the DFT path)."""
-    mistakes = []
-    for name, shape in record["shapes"].items():
-        layer = shape["layer"]
-        for point in timed(shape["points"]):
-            paths = [path for path in PATHS if f"{path}_train_ms" in point]
-            costs = toeplitz_costs(point["tokens"], tuple(point["grid"]), layer["num_features"], layer["width"] // layer["heads"])
-            chosen = auto_toeplitz_path({path: costs[path] for path in paths}, record["backend"])
-            fastest = min(paths, key=lambda path: point[f"{path}_train_ms"])
-            if chosen != fastest:
-                mistakes.append((name, point["tokens"], chosen, fastest))
-    return mistakes
+    factors of the record's backend, would not take the fastest of the paths the point timed (`timed_paths`)."""
+    choices = ((name, tokens, auto_toeplitz_path(costs, record["backend"]), fastest)
+               for name, tokens, costs, fastest in timed_paths(record))
+    return [choice for choice in choices if choice[2] != choice[3]]
 
 
 def dense_and_fft(rows):
