@@ -308,6 +308,8 @@ OPTIONS = {
     "shapes": dict(**_LIST, help="kerple_paths' layer shapes: cpu, reference (default both)"),
     "fit-only": dict(**_FLAG, help="time nothing: print each backend's FFT and DFT factors fitted to every "
                                    "kerple_paths.json under --out (default profiles/results)"),
+    "remodel": dict(**_FLAG, help="time nothing: recompute the cost-model fields of every kerple_paths.json under "
+                                  "--out (default profiles/results) from its timings, after a change of the model"),
     "subjects": dict(**_LIST, help="kerple_paths' subjects: dense, fft, dft, softmax (default all; fewer for grids "
                                    "where some cannot run)"),
     "fused-softmax": dict(**_FLAG, help="also sweep softmax through ops.dot_product_attention (flash where available)"),

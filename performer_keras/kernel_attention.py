@@ -42,17 +42,26 @@ TOEPLITZ_PATHS = ("auto", "dense", "fft", "dft")
 # multiply-adds per weight. Without it (or with 16) no one factor fits JAX's two shapes (the
 # elementwise passes weigh more at m + d = 32 than at 96); from about 24 on one does, and 64
 # leaves the first profiles' FFT points (profiles/results/cpu-epyc-2core) an interval whose
-# ends are 1.33 (JAX) and 1.87 (TensorFlow) times apart. Each factor (the FFT path's
-# multiply-adds run that many times slower than the dense path's: memory-bound transforms
-# against compute-bound products; the DFT path's products are matmuls like the dense path's,
-# but between them it moves its m (d + 1) channels through transposes) is fitted to every committed profiles/results/**/<backend>/kerple_paths.json,
+# ends are 1.33 (JAX) and 1.87 (TensorFlow) times apart. The DFT path too does more than its
+# matmuls: per patch and channel it writes the products phi(k) (x) [v, 1], transposes the
+# spectra to the row operators and back, and contracts with phi(q), again in the backward
+# pass: DFT_ELEMENTWISE_COST multiply-adds per patch and channel, beside the 4 (H + W) of its
+# matmuls, so it weighs less on larger grids. Without it no DFT factor fits TensorFlow's
+# points: the DFT path lost to the dense path on a 32 x 32 grid at m = 16, d = 16 and beat it
+# on 64 x 128 and 128 x 128 grids at m = 64, d = 32 (the family-23 EPYC, where the model of
+# the time, factor included, counted it 2.1 and 1.4 times dearer). With the dense term at 64,
+# TensorFlow's points ask for about 460 or more, JAX's allow up to about 830; 600 lies
+# between. Each factor (the FFT path's multiply-adds run that many times slower than the
+# dense path's: memory-bound transforms against compute-bound products) is fitted to every
+# committed profiles/results/**/<backend>/kerple_paths.json,
 # all machines': `profiles.kerple_paths.joint_factors`, the factors that make "auto" take
 # the fastest path it timed at every point, by the widest margin (`python -m
 # profiles.kerple_paths --fit-only`; a test checks these against it). A backend without files
 # takes TensorFlow's.
 DENSE_ELEMENTWISE_COST = 64
-FFT_COST_FACTORS = {"tensorflow": 36.5, "jax": 24.7}
-DFT_COST_FACTORS = {"tensorflow": 1.73, "jax": 1.48}
+DFT_ELEMENTWISE_COST = 600
+FFT_COST_FACTORS = {"tensorflow": 35.3, "jax": 22.8}
+DFT_COST_FACTORS = {"tensorflow": 0.44, "jax": 0.8}
 # Up to this many float32 weights per example (heads x N^2; 512 MiB) the dense path forms
 # them in one piece (4,097 tokens with 4 heads, the `cpu` profile's, as `kerple_paths` has
 # measured the path since 2026-11-25). Above, it forms them in blocks of grid rows of at most
@@ -109,7 +118,8 @@ def toeplitz_costs(tokens, grid_size, num_features, head_dim):
     the P x Q padded grid (`padded_fft_shape`), counted as P Q log2(P Q).
     DFT: the same channels through matmuls, 4 H W (H + W) each: the (2W, W)
     DFT of each of the H rows and its inverse, 2 W^2 H each, and a (2H, 2H)
-    row operator for each of the W frequencies, 4 W H^2.
+    row operator for each of the W frequencies, 4 W H^2; plus
+    `DFT_ELEMENTWISE_COST` per patch and channel for its other passes.
     """
     height, width = grid_size
     rows, cols = padded_fft_shape(grid_size)
@@ -117,7 +127,7 @@ def toeplitz_costs(tokens, grid_size, num_features, head_dim):
     return {
         "dense": tokens**2 * (num_features + head_dim + DENSE_ELEMENTWISE_COST),
         "fft": channels * rows * cols * math.log2(rows * cols),
-        "dft": channels * 4 * height * width * (height + width),
+        "dft": channels * height * width * (4 * (height + width) + DFT_ELEMENTWISE_COST),
     }
 
 

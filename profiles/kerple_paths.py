@@ -25,9 +25,11 @@ is the ratio of the counts, and the point says the factor must be at least
 FFT path did. `fft_cost_factor` is the geometric middle of the interval
 that every measured point allows (`factor_interval`; `consistent` is false
 where no factor fits every point, and the middle of the two bounds is kept;
-README, "KERPLE's three paths"). The ratios are the cost
-model's at the time of the run: after a change of `toeplitz_costs` run the
-profile again (a test compares each committed file with today's model).
+README, "KERPLE's three paths"). The ratios and intervals follow from the
+timings and the cost model: after a change of `toeplitz_costs`,
+`--remodel` recomputes them in every committed file (`remodel`; the timings
+stay as measured), and a test compares each committed file with today's
+model.
 The DFT path's factor is fitted the same way against the dense path
 (`dft_over_dense_model`, `factor_interval(rows, "dft")`: `dft_cost_factor`);
 files from before the DFT path did not time it.
@@ -157,6 +159,29 @@ def factor_interval(rows, path="fft"):
     return low, high, low is None or high is None or low < high
 
 
+def file_fit(rows):
+    """A record's own fit to its `rows`: the FFT and DFT factor intervals against the dense path (`factor_interval`),
+    whether each is consistent, and their geometric middles (`fft_cost_factor`, `dft_cost_factor`)."""
+    low, high, consistent = factor_interval(rows)
+    dft_low, dft_high, dft_consistent = factor_interval(rows, "dft")
+    return {"factor_interval": [low, high], "consistent": consistent, "fft_cost_factor": geometric_middle(low, high),
+            "dft_factor_interval": [dft_low, dft_high], "dft_consistent": dft_consistent,
+            "dft_cost_factor": geometric_middle(dft_low, dft_high)}
+
+
+def remodel(record):
+    """`record` with the fields that follow from its timings and the cost model recomputed under today's
+    `toeplitz_costs`: each point's `{path}_over_dense_model` and the `file_fit` fields it has. The timings stay."""
+    for shape in record["shapes"].values():
+        for row in timed(shape["points"]):
+            for path in ("fft", "dft"):
+                if f"{path}_over_dense_model" in row:
+                    row[f"{path}_over_dense_model"] = model_ratio(row["patches"], shape["layer"], path)
+    rows = [row for shape in record["shapes"].values() for row in shape["points"]]
+    record.update({key: value for key, value in file_fit(rows).items() if key in record})
+    return record
+
+
 def geometric_middle(low, high):
     """The geometric middle of a factor interval (low, high): a record's `fft_cost_factor` or `dft_cost_factor`; None unless both bounds were measured."""
     return None if low is None or high is None else (low * high) ** 0.5
@@ -278,7 +303,13 @@ def crossover(rows):
 
 def main(argv=None):
     prog = "python -m profiles.kerple_paths"
-    args = parser(prog, __doc__, "shapes", "subjects", "tokens", "rounds", "out", "fit-only").parse_args(argv)
+    args = parser(prog, __doc__, "shapes", "subjects", "tokens", "rounds", "out", "fit-only",
+                  "remodel").parse_args(argv)
+    if args.remodel:
+        for path in sorted(Path(args.out or DEFAULT_OUT).rglob("kerple_paths.json")):
+            atomic.write_json(path, remodel(json.loads(path.read_text())), indent=1, sort_keys=False)
+            print(path)
+        return 0
     if args.fit_only:
         records = committed_records(args.out)
         print(json.dumps({backend: joint_factors(records, backend)
@@ -300,10 +331,6 @@ def main(argv=None):
                         "crossover_tokens": crossover(rows), "dense_max_tokens": dense_max(rows)}
     crossovers = [shape["crossover_tokens"] for shape in shapes.values() if shape["crossover_tokens"]]
     points = [row for shape in shapes.values() for row in shape["points"]]
-    low, high, consistent = factor_interval(points)
-    dft_low, dft_high, dft_consistent = factor_interval(points, "dft")
-    dft_fit = {"dft_factor_interval": [dft_low, dft_high], "dft_consistent": dft_consistent,
-               "dft_cost_factor": geometric_middle(dft_low, dft_high)}
     record = {
         "command": command_line("profiles.kerple_paths", argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -312,10 +339,7 @@ def main(argv=None):
         "subjects": list(subjects),
         "shapes": shapes,
         "crossover_tokens": min(crossovers) if crossovers else None,
-        "factor_interval": [low, high],
-        "consistent": consistent,
-        "fft_cost_factor": geometric_middle(low, high),
-        **dft_fit,
+        **file_fit(points),
     }
     atomic.write_json(result_dir / "kerple_paths.json", record, indent=1, sort_keys=False)
     print(json.dumps({key: record[key] for key in ("fft_cost_factor", "factor_interval", "dft_cost_factor", "dft_factor_interval")}

@@ -385,6 +385,42 @@ def test_kerple_paths_fits_both_factors_to_every_point_by_the_widest_margin(tmp_
     assert printed["tensorflow"]["dft"] == 1.0 and printed["tensorflow"]["consistent"] is True
 
 
+def test_kerple_paths_remodel_recomputes_the_model_fields_and_keeps_the_timings(monkeypatch, tmp_path, capsys):
+    from performer_keras import kernel_attention
+    from profiles import kerple_paths
+
+    source = REPO / "profiles/results/epyc-f23m1/cpu-epyc-2core/tensorflow/kerple_paths.json"
+    target = tmp_path / "machine" / "kerple_paths.json"
+    target.parent.mkdir()
+    target.write_text(source.read_text())
+    # A committed file follows today's model already: byte for byte the same.
+    assert kerple_paths.main(["--remodel", "--out", str(tmp_path)]) == 0
+    assert target.read_text() == source.read_text()
+    assert capsys.readouterr().out.split() == [str(target)]
+    # Without the DFT path's elementwise term: its ratios are its matmuls' alone, worked by hand.
+    monkeypatch.setattr(kernel_attention, "DFT_ELEMENTWISE_COST", 0)
+    assert kerple_paths.main(["--remodel", "--out", str(tmp_path)]) == 0
+    before, after = json.loads(source.read_text()), json.loads(target.read_text())
+    assert list(after) == list(before)  # no field added or dropped
+    rows = 0
+    for name, shape in after["shapes"].items():
+        layer = shape["layer"]
+        m, d = layer["num_features"], layer["width"] // layer["heads"]
+        for row, old in zip(shape["points"], before["shapes"][name]["points"], strict=True):
+            assert {key: value for key, value in row.items() if key != "dft_over_dense_model"} == {
+                key: value for key, value in old.items() if key != "dft_over_dense_model"}
+            height, width = row["grid"]
+            dense = row["tokens"] ** 2 * (m + d + kernel_attention.DENSE_ELEMENTWISE_COST)
+            matmuls = m * (d + 1) * 4 * height * width * (height + width)
+            assert row["dft_over_dense_model"] == pytest.approx(matmuls / dense)
+            rows += 1
+    assert rows == 6
+    assert after["factor_interval"] == before["factor_interval"]
+    assert after["dft_factor_interval"] != before["dft_factor_interval"]
+    assert after["dft_factor_interval"] == list(kerple_paths.factor_interval(
+        [row for shape in after["shapes"].values() for row in shape["points"]], "dft")[:2])
+
+
 def test_kerple_paths_records_a_grid_out_of_memory_and_stops_the_shape(monkeypatch):
     from profiles import kerple_paths
 
