@@ -268,9 +268,14 @@ def fit_constraints(constraints):
             "margin": math.exp(best), "consistent": bool(best > 0)}
 
 
+def committed_paths(root=None):
+    """The path of every kerple_paths.json under `root` (default: profiles/results), sorted."""
+    return sorted(Path(root or DEFAULT_OUT).rglob("kerple_paths.json"))
+
+
 def committed_records(root=None):
     """Every kerple_paths.json under `root` (default: profiles/results), read."""
-    return [json.loads(path.read_text()) for path in sorted(Path(root or DEFAULT_OUT).rglob("kerple_paths.json"))]
+    return [json.loads(path.read_text()) for path in committed_paths(root)]
 
 
 def auto_mistakes(record):
@@ -306,7 +311,7 @@ def main(argv=None):
     args = parser(prog, __doc__, "shapes", "subjects", "tokens", "rounds", "out", "fit-only",
                   "remodel").parse_args(argv)
     if args.remodel:
-        for path in sorted(Path(args.out or DEFAULT_OUT).rglob("kerple_paths.json")):
+        for path in committed_paths(args.out):
             atomic.write_json(path, remodel(json.loads(path.read_text())), indent=1, sort_keys=False)
             print(path)
         return 0
