@@ -86,6 +86,13 @@ DENSE_BLOCK_ELEMENTS = 2**25
 # chunks at 16,385 tokens) that training step still reached the 8 GiB limit in a sweep run
 # before 2**25 was committed (2026-11-25); no committed file keeps that reading.
 FFT_CHUNK_ELEMENTS = 2**25
+# The DFT path's spectra are half the FFT path's (2HW points a channel against about 4HW), and
+# its chunks cost it more than their one extra forward pass: at 8,193 tokens with 2 heads of
+# d = 32, m = 64 (69M elements per example), a TensorFlow training step took 4,602 ms in chunks
+# of 2**25 against 3,114 ms in one piece, for a peak of 1.1 against 2.0 GiB (3 interleaved
+# rounds, 2026-12-07). So, as the dense path does, it runs in one piece up to this many elements
+# per example (512 MiB) and in chunks of FFT_CHUNK_ELEMENTS only above.
+DFT_ONE_PIECE_ELEMENTS = 2**27
 
 
 def loop_chunks(count, elements_per_item, budget):
@@ -256,10 +263,11 @@ class KernelAttention(keras.layers.Layer):
             the backend's measured factors predict faster for this grid, m
             and d (`auto_toeplitz_path`; where it switches: README, "KERPLE's
             three paths"). `toeplitz_path_used` says which one the layer runs.
-            Above `FFT_CHUNK_ELEMENTS` per example the FFT and DFT paths take the
+            Above `FFT_CHUNK_ELEMENTS` per example the FFT path takes the
             features in chunks, one after another in one loop, recomputed in
             the backward pass: less training memory for one more forward
-            pass of the correlation.
+            pass of the correlation; the DFT path does so above
+            `DFT_ONE_PIECE_ELEMENTS`, in chunks of `FFT_CHUNK_ELEMENTS`.
         seed: seed of the random features.
         stabilizer: favor only: what FAVOR+'s stabiliser is the maximum of,
             "exponent" (the default), which keeps the largest features at 1
@@ -542,12 +550,15 @@ class KernelAttention(keras.layers.Layer):
         v_ones = ops.concatenate([v, ops.ones_like(v[..., :1])], axis=-1)  # (batch, heads, N, d+1)
         if self.toeplitz_path_used == "dft":
             operators, points = (self.toeplitz.dft_operators(),), 2 * self.grid_size[0] * self.grid_size[1]
+            one_piece = DFT_ONE_PIECE_ELEMENTS
         else:
             operators, points = self.toeplitz.kernel_spectrum(), math.prod(self.toeplitz.fft_shape)
-        size, whole, _ = loop_chunks(m, self.num_heads * (d + 1) * points, FFT_CHUNK_ELEMENTS)
-        if size == m:
+            one_piece = FFT_CHUNK_ELEMENTS
+        per_feature = self.num_heads * (d + 1) * points
+        if m * per_feature <= one_piece:
             out = self._correlate_features(phi_q, phi_k, v_ones, *operators)
         else:
+            size, whole, _ = loop_chunks(m, per_feature, FFT_CHUNK_ELEMENTS)
             out = self._correlate_feature_chunks(phi_q, phi_k, v_ones, operators, size, whole)
         return out[..., :d] / out[..., d:]
 

@@ -476,6 +476,7 @@ def test_every_kerple_path_matches_brute_force_on_an_odd_grid(kernel, path, monk
         # Three features per chunk (the last holds one of the 16): every chunk goes through keras.remat.
         path = path.removesuffix("-chunked")
         monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 3 * fft_elements_per_feature(path))
+        monkeypatch.setattr(kernel_attention, "DFT_ONE_PIECE_ELEMENTS", 1)
     if path == "dense-blocked":
         # Two grid rows per block (the last holds one): every block goes through keras.remat.
         monkeypatch.setattr(kernel_attention, "DENSE_ONE_PIECE_ELEMENTS", 1)
@@ -542,6 +543,7 @@ def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypa
     for path in ("dense", chunked):
         if models:  # the reference is the dense path in one piece; then every chunk goes through keras.remat
             monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", 3 * fft_elements_per_feature(chunked))
+            monkeypatch.setattr(kernel_attention, "DFT_ONE_PIECE_ELEMENTS", 1)
             monkeypatch.setattr(kernel_attention, "DENSE_ONE_PIECE_ELEMENTS", 1)
             monkeypatch.setattr(kernel_attention, "DENSE_BLOCK_ELEMENTS", 1)
         inputs = keras.Input((tokens, WIDTH))
@@ -566,6 +568,29 @@ def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypa
     for one_piece, chunks, start in zip(models[0].weights, models[1].weights, before):
         np.testing.assert_allclose(to_numpy(chunks) - start, to_numpy(one_piece) - start, rtol=1e-4, atol=1e-6)
     assert any(np.abs(to_numpy(w) - start).max() > 1e-3 for w, start in zip(models[1].weights, before))
+
+
+@pytest.mark.parametrize("path", ["fft", "dft"])
+def test_the_transform_paths_chunk_only_above_their_one_piece_threshold(path, monkeypatch):
+    """The FFT path chunks above FFT_CHUNK_ELEMENTS per example, the DFT path above DFT_ONE_PIECE_ELEMENTS, in chunks of FFT_CHUNK_ELEMENTS."""
+    chunk_sizes = []  # the features of every chunk that goes through keras.remat
+    remat = keras.remat
+    monkeypatch.setattr(keras, "remat", lambda f: (lambda *args: chunk_sizes.append(args[0].shape[-1]) or remat(f)(*args)))
+    per_feature = fft_elements_per_feature(path)
+    tokens = 1 + ODD_GRID[0] * ODD_GRID[1]
+    x = np.random.default_rng(6).normal(size=(BATCH, tokens, WIDTH)).astype("float32")
+    layer = KernelAttention(HEADS, "favor", "kerple", grid_size=ODD_GRID, num_features=NUM_FEATURES, seed=0,
+                            toeplitz_path=path)
+    outputs = []
+    # The whole features at the threshold (one piece), then one element fewer (chunks of three features).
+    for threshold in (NUM_FEATURES * per_feature, NUM_FEATURES * per_feature - 1):
+        chunk_sizes.clear()
+        monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", threshold if path == "fft" else 3 * per_feature)
+        monkeypatch.setattr(kernel_attention, "DFT_ONE_PIECE_ELEMENTS", threshold if path == "dft" else 2**40)
+        outputs.append(to_numpy(layer(x)))
+        # FFT: chunks of the most features within the threshold (15, then 1); DFT: of three (then 1).
+        assert set(chunk_sizes) == (set() if len(outputs) == 1 else {15, 1} if path == "fft" else {3, 1})
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-6)
 
 
 # Compiles one training step of a favor-kerple layer on a 32 x 32 grid with JAX, on the path named
