@@ -89,10 +89,9 @@ FFT_CHUNK_ELEMENTS = 2**25
 # The DFT path's spectra are half the FFT path's (2HW points a channel against about 4HW), and
 # its chunks cost it more than their one extra forward pass: on TensorFlow it trained 17-33%
 # faster in one piece at the three committed kerple_paths points this threshold moved (35M-78M
-# elements per example), and a prototype at 8,193 tokens with 2 heads of d = 32, m = 64 (69M)
-# took 3,114 against 4,602 ms for a peak of 2.0 against 1.1 GiB (profiles/README.md, "The DFT
-# path"). So, as the dense path does, it runs in one piece up to this many elements per example
-# (512 MiB) and in chunks of FFT_CHUNK_ELEMENTS only above.
+# elements per example; profiles/README.md, "The DFT path"). So, as the dense path does, it runs
+# in one piece up to this many elements per example (512 MiB) and in chunks of
+# FFT_CHUNK_ELEMENTS only above.
 DFT_ONE_PIECE_ELEMENTS = 2**27
 
 

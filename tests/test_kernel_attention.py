@@ -524,10 +524,9 @@ def test_loop_chunks_are_the_largest_within_the_budget_and_cover_every_item_once
                 assert size == count or (size + 1) * per_item > budget, (count, per_item, budget)
 
 
-@pytest.mark.parametrize("chunked", ["fft", "dft", "dense"])
-def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypatch):
-    """Gradients through keras.remat's recomputation equal the one-piece dense path's: one SGD step (lr 1) changes every weight alike."""
-    remat_calls = []  # the first argument's shape at every call of a function keras.remat wrapped
+def record_remat_calls(monkeypatch):
+    """A list that gets the first argument's shape at every call of a function keras.remat wrapped (a piece of a looped path)."""
+    remat_calls = []
     remat = keras.remat
 
     def recording_remat(f):
@@ -535,6 +534,13 @@ def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypa
         return lambda *args: remat_calls.append(tuple(args[0].shape)) or recomputed(*args)
 
     monkeypatch.setattr(keras, "remat", recording_remat)
+    return remat_calls
+
+
+@pytest.mark.parametrize("chunked", ["fft", "dft", "dense"])
+def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypatch):
+    """Gradients through keras.remat's recomputation equal the one-piece dense path's: one SGD step (lr 1) changes every weight alike."""
+    remat_calls = record_remat_calls(monkeypatch)
     tokens = 1 + ODD_GRID[0] * ODD_GRID[1]
     rng = np.random.default_rng(5)
     x = rng.normal(size=(BATCH, tokens, WIDTH)).astype("float32")
@@ -573,23 +579,21 @@ def test_the_chunked_paths_train_like_the_one_piece_dense_path(chunked, monkeypa
 @pytest.mark.parametrize("path", ["fft", "dft"])
 def test_the_transform_paths_chunk_only_above_their_one_piece_threshold(path, monkeypatch):
     """The FFT path chunks above FFT_CHUNK_ELEMENTS per example, the DFT path above DFT_ONE_PIECE_ELEMENTS, in chunks of FFT_CHUNK_ELEMENTS."""
-    chunk_sizes = []  # the features of every chunk that goes through keras.remat
-    remat = keras.remat
-    monkeypatch.setattr(keras, "remat", lambda f: (lambda *args: chunk_sizes.append(args[0].shape[-1]) or remat(f)(*args)))
+    remat_calls = record_remat_calls(monkeypatch)
     per_feature = fft_elements_per_feature(path)
     tokens = 1 + ODD_GRID[0] * ODD_GRID[1]
     x = np.random.default_rng(6).normal(size=(BATCH, tokens, WIDTH)).astype("float32")
     layer = KernelAttention(HEADS, "favor", "kerple", grid_size=ODD_GRID, num_features=NUM_FEATURES, seed=0,
                             toeplitz_path=path)
     outputs = []
-    # The whole features at the threshold (one piece), then one element fewer (chunks of three features).
+    # The whole features at the threshold (one piece), then one element fewer (chunks).
     for threshold in (NUM_FEATURES * per_feature, NUM_FEATURES * per_feature - 1):
-        chunk_sizes.clear()
+        remat_calls.clear()
         monkeypatch.setattr(kernel_attention, "FFT_CHUNK_ELEMENTS", threshold if path == "fft" else 3 * per_feature)
         monkeypatch.setattr(kernel_attention, "DFT_ONE_PIECE_ELEMENTS", threshold if path == "dft" else 2**40)
         outputs.append(to_numpy(layer(x)))
         # FFT: chunks of the most features within the threshold (15, then 1); DFT: of three (then 1).
-        assert set(chunk_sizes) == (set() if len(outputs) == 1 else {15, 1} if path == "fft" else {3, 1})
+        assert {shape[-1] for shape in remat_calls} == (set() if len(outputs) == 1 else {15, 1} if path == "fft" else {3, 1})
     np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-6)
 
 
