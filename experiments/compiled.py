@@ -6,10 +6,11 @@ from experiments.cli import BACKENDS
 from performer_keras.options import check_choice
 
 
-def compiled_forward(model):
+def compiled_forward(model, jit_compile=False):
     """(function, variables): `function(*variables, images)` is `model(images, training=False)`, compiled once.
 
-    TensorFlow: a `tf.function` and no variables (it reads the model's own).
+    TensorFlow: a `tf.function` (with XLA if `jit_compile`) and no variables
+    (it reads the model's own).
     JAX: a `jax.jit` of the stateless call over the (trainable,
     non-trainable) variable values, which are passed in rather than closed
     over so XLA does not fold them into the program as constants. Callers
@@ -20,7 +21,7 @@ def compiled_forward(model):
     if backend == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(lambda images: model(images, training=False), autograph=False), ()
+        return tf.function(lambda images: model(images, training=False), autograph=False, jit_compile=jit_compile), ()
     import jax
 
     def forward(trainable, non_trainable, images):
@@ -30,7 +31,7 @@ def compiled_forward(model):
     return jax.jit(forward), variables
 
 
-def compiled_predict(model):
+def compiled_predict(model, jit_compile=False):
     """images -> model(images, training=False), compiled once (`compiled_forward`)."""
-    function, variables = compiled_forward(model)
+    function, variables = compiled_forward(model, jit_compile)
     return lambda images: function(*variables, images)

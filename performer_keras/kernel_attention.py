@@ -47,21 +47,26 @@ TOEPLITZ_PATHS = ("auto", "dense", "fft", "dft")
 # spectra to the row operators and back, and contracts with phi(q), again in the backward
 # pass: DFT_ELEMENTWISE_COST multiply-adds per patch and channel, beside the 4 (H + W) of its
 # matmuls, so it weighs less on larger grids. Without it no DFT factor fits TensorFlow's
-# points: the DFT path lost to the dense path on a 32 x 32 grid at m = 16, d = 16 and beat it
-# on 64 x 128 and 128 x 128 grids at m = 64, d = 32 (the family-23 EPYC, where the model of
-# the time, factor included, counted it 2.1 and 1.4 times dearer). With the dense term at 64,
-# TensorFlow's points ask for about 460 or more, JAX's allow up to about 830; 600 lies
-# between. Each factor (the FFT path's multiply-adds run that many times slower than the
-# dense path's: memory-bound transforms against compute-bound products) is fitted to every
-# committed profiles/results/**/<backend>/kerple_paths.json,
-# all machines': `profiles.kerple_paths.joint_factors`, the factors that make "auto" take
-# the fastest path it timed at every point, by the widest margin (`python -m
-# profiles.kerple_paths --fit-only`; a test checks these against it). A backend without files
-# takes TensorFlow's.
+# points timed without XLA: the DFT path lost to the dense path on a 32 x 32 grid at m = 16,
+# d = 16 and beat it on 64 x 128 and 128 x 128 grids at m = 64, d = 32 (the family-23 EPYC,
+# where the model of the time, factor included, counted it 2.1 and 1.4 times dearer). With
+# the dense term at 64, those points ask for about 460 or more, JAX's allow up to about 830;
+# 600 lies between. TensorFlow's points timed with XLA fit none without it either, and any
+# term from 400 to 900. Each factor
+# (the FFT path's multiply-adds run that many times slower than the dense path's:
+# memory-bound transforms against compute-bound products) is fitted to every committed
+# profiles/results/**/<backend>/kerple_paths.json timed with XLA, as train.py trains on both
+# backends, all machines': `profiles.kerple_paths.joint_factors`, the factors that make
+# "auto" take the fastest path it timed at every point, by the widest margin (`python -m
+# profiles.kerple_paths --fit-only`; a test checks these against it). XLA moves the paths
+# apart unevenly, so TensorFlow's files timed without it fit nothing. No point timed with XLA
+# bounds TensorFlow's FFT factor from above (the DFT path beat the FFT path at every one):
+# its value is the middle of what the points and `FACTOR_RANGE` leave, and keeps the FFT
+# path off square grids up to 399 x 399. A backend without files takes TensorFlow's.
 DENSE_ELEMENTWISE_COST = 64
 DFT_ELEMENTWISE_COST = 600
-FFT_COST_FACTORS = {"tensorflow": 35.3, "jax": 22.8}
-DFT_COST_FACTORS = {"tensorflow": 0.44, "jax": 0.8}
+FFT_COST_FACTORS = {"tensorflow": 440.4, "jax": 22.8}
+DFT_COST_FACTORS = {"tensorflow": 0.59, "jax": 0.8}
 # Up to this many float32 weights per example (heads x N^2; 512 MiB) the dense path forms
 # them in one piece (4,097 tokens with 4 heads, the `cpu` profile's, as `kerple_paths` has
 # measured the path since 2026-11-25). Above, it forms them in blocks of grid rows of at most

@@ -35,10 +35,14 @@ The DFT path's factor is fitted the same way against the dense path
 files from before the DFT path did not time it.
 
 `KernelAttention`'s factors are not one file's but `joint_factors` of
-every committed file of the backend, all machines' (`--fit-only` prints
-them): the FFT and DFT factors that make `"auto"` take the fastest path it
+every committed file of the backend timed with XLA (`fitted`), all
+machines' (`--fit-only` prints them): the FFT and DFT factors that make `"auto"` take the fastest path it
 timed at every point, by the widest margin (`fit_constraints`). Each file's
 own `fft_cost_factor` and `dft_cost_factor` stay in it as that run's fit.
+
+TensorFlow's passes compile with XLA, as train.py trains (`--no-jit-compile`
+times them without, as every file did before 2026-12-07 evening); JAX's
+always do. The record says which (`xla`).
 
 `--shapes`, `--tokens` (patches) and `--rounds` narrow a run to some shapes
 and grids, for a slow machine, and `--subjects` to some of the subjects: at
@@ -63,6 +67,7 @@ import keras
 from scipy.optimize import linprog
 
 from experiments import atomic
+from experiments.training import keras_jit_compile
 from performer_keras.kernel_attention import auto_toeplitz_path, toeplitz_costs
 from performer_keras.options import check_choice
 from profiles import bench
@@ -83,19 +88,23 @@ SHAPES = {
 }
 
 
-def time_path(patches, path, kernel, config):
-    """{mode: median ms} of one layer at `patches` patches (plus CLS) through `path`."""
+def time_path(patches, path, kernel, config, jit_compile=False):
+    """{mode: median ms} of one layer at `patches` patches (plus CLS) through `path` (TensorFlow's with XLA if `jit_compile`)."""
     model = build_subject("layer", kernel, "kerple", grid_for(patches), config=config, toeplitz_path=path)
     inputs, labels = subject_inputs("layer", model, config)
-    forward, train = compiled_passes(model, "layer")
+    forward, train = compiled_passes(model, "layer", jit_compile)
+    # `time_calls`' limit of 20 s: a first call above it is the measurement, compilation included,
+    # and XLA takes seconds to compile a layer: with 5 s, a first run of TensorFlow with XLA timed
+    # compilation into its steps of a few seconds, several times a warm step.
     return {
-        "forward": time_calls(forward, (inputs,), steps=3, max_seconds=5.0)["ms"],
-        "train": time_calls(train, (inputs, labels), steps=3, max_seconds=5.0)["ms"],
+        "forward": time_calls(forward, (inputs,), steps=3)["ms"],
+        "train": time_calls(train, (inputs, labels), steps=3)["ms"],
     }
 
 
-def measure(config, patches=PATCHES, rounds=ROUNDS, subjects=SUBJECTS, log=print):
-    """One row per grid: the median ms of each subject (`SUBJECTS`) and mode over `rounds` alternating rounds.
+def measure(config, patches=PATCHES, rounds=ROUNDS, subjects=SUBJECTS, log=print, jit_compile=False):
+    """One row per grid: the median ms of each subject (`SUBJECTS`) and mode over `rounds` alternating rounds
+    (TensorFlow's passes with XLA if `jit_compile`).
 
     A subject that runs out of memory ends the shape with a row that says so
     (`out_of_memory`: the subject and the backend's first line) and no timings.
@@ -108,7 +117,7 @@ def measure(config, patches=PATCHES, rounds=ROUNDS, subjects=SUBJECTS, log=print
         try:
             for _ in range(rounds):
                 for name, (kernel, path) in subjects.items():
-                    for mode, ms in time_path(count, path, kernel, config).items():
+                    for mode, ms in time_path(count, path, kernel, config, jit_compile).items():
                         samples[(name, mode)].append(ms)
                     keras.backend.clear_session()
         except Exception as error:
@@ -200,15 +209,22 @@ def timed_paths(record):
             yield name, point["tokens"], {path: costs[path] for path in paths}, fastest
 
 
+def fitted(records, backend):
+    """The records that `backend`'s factors are fitted to: those timed with XLA (`xla`), as train.py trains on both
+    backends. TensorFlow's files timed without it stay as its record, fitted to nothing: XLA moves the paths apart
+    unevenly (profiles/README.md, "With XLA")."""
+    return [record for record in records if record["backend"] == backend and record["xla"]]
+
+
 def path_constraints(records, backend):
-    """[(faster, slower, log(slower's count / faster's count))] at every timed point of `records` on `backend`.
+    """[(faster, slower, log(slower's count / faster's count))] at every timed point of the `fitted` `records` of `backend`.
 
     One for each path a point timed besides its fastest: `"auto"` takes the
     fastest where its factor x count is the smaller, i.e. where
     log f_faster - log f_slower < the third entry (the dense path's factor is 1).
     """
     return [(fastest, path, math.log(costs[path] / costs[fastest]))
-            for record in records if record["backend"] == backend
+            for record in fitted(records, backend)
             for _, _, costs, fastest in timed_paths(record) for path in costs if path != fastest]
 
 
@@ -219,7 +235,7 @@ FACTOR_RANGE = (1e-2, 1e4)
 
 
 def joint_factors(records, backend):
-    """The FFT and DFT factors that make `"auto"` take the fastest path at every point of `records` on `backend`
+    """The FFT and DFT factors that make `"auto"` take the fastest path at every point of the `fitted` `records` of `backend`
     by the widest margin (`fit_constraints` of `path_constraints`): {"fft", "dft", "margin", "consistent"}."""
     return fit_constraints(path_constraints(records, backend))
 
@@ -309,7 +325,7 @@ def crossover(rows):
 def main(argv=None):
     prog = "python -m profiles.kerple_paths"
     args = parser(prog, __doc__, "shapes", "subjects", "tokens", "rounds", "out", "fit-only",
-                  "remodel").parse_args(argv)
+                  "remodel", "jit-compile").parse_args(argv)
     if args.remodel:
         for path in committed_paths(args.out):
             atomic.write_json(path, remodel(json.loads(path.read_text())), indent=1, sort_keys=False)
@@ -320,6 +336,9 @@ def main(argv=None):
         print(json.dumps({backend: joint_factors(records, backend)
                           for backend in sorted({record["backend"] for record in records})}))
         return 0
+    if args.jit_compile is False and keras.backend.backend() != "tensorflow":
+        return fail(prog, f"--no-jit-compile: {keras.backend.backend()} compiles every pass with XLA")
+    xla = keras.backend.backend() != "tensorflow" or bool(keras_jit_compile(args.jit_compile))
     try:
         names = [check_choice("shape", name, SHAPES) for name in args.shapes or SHAPES]
         subjects = {check_choice("subject", name, SUBJECTS): SUBJECTS[name] for name in args.subjects or SUBJECTS}
@@ -331,7 +350,7 @@ def main(argv=None):
     for name in names:
         config, patches = SHAPES[name]
         rows = measure(config, args.tokens or patches, rounds, subjects,
-                       log=lambda line: print(f"{name}: {line}", flush=True))
+                       log=lambda line: print(f"{name}: {line}", flush=True), jit_compile=xla)
         shapes[name] = {"layer": dict(config, kernel="favor", position="kerple"), "points": rows,
                         "crossover_tokens": crossover(rows), "dense_max_tokens": dense_max(rows)}
     crossovers = [shape["crossover_tokens"] for shape in shapes.values() if shape["crossover_tokens"]]
@@ -341,6 +360,7 @@ def main(argv=None):
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         **bench.record_header(),
         "rounds": rounds,
+        "xla": xla,
         "subjects": list(subjects),
         "shapes": shapes,
         "crossover_tokens": min(crossovers) if crossovers else None,

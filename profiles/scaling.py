@@ -102,18 +102,21 @@ def subject_inputs(scope, model, config=SCALING_CONFIG, seed=0):
     return inputs, np.zeros((config["batch_size"],), "int32")
 
 
-def compiled_passes(model, scope):
-    """(forward(x), train(x, y)) compiled for the backend; both return arrays to wait on."""
+def compiled_passes(model, scope, jit_compile=False):
+    """(forward(x), train(x, y)) compiled for the backend; both return arrays to wait on.
+
+    `jit_compile`: TensorFlow's passes with XLA (JAX's are always XLA's).
+    """
     if scope == "layer":
         loss_fn = lambda labels, outputs: keras.ops.mean(keras.ops.square(outputs))
     else:
         loss_fn = lambda labels, outputs: keras.ops.mean(
             keras.losses.sparse_categorical_crossentropy(labels, outputs))
-    forward = compiled_predict(model)
+    forward = compiled_predict(model, jit_compile)
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
-        @tf.function(autograph=False)
+        @tf.function(autograph=False, jit_compile=jit_compile)
         def train(x, y):
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=True))

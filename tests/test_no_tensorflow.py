@@ -149,7 +149,9 @@ def test_the_kerple_profiles_run_without_tensorflow(tmp_path):
     # What a GPU session would run to time KERPLE's paths at the reference heads (profiles/README.md).
     run("-m", "profiles.kerple_paths", "--shapes", "reference", "--tokens", "16", "--rounds", "1", "--out", tmp_path)
     (paths,) = tmp_path.glob("*/jax/kerple_paths.json")
-    point = json.loads(paths.read_text())["shapes"]["reference"]["points"][0]
+    record = json.loads(paths.read_text())
+    point = record["shapes"]["reference"]["points"][0]
+    assert record["xla"] is True
     assert all(point[f"{name}_train_ms"] > 0 for name in ("dense", "fft", "dft", "softmax"))
     run("-m", "profiles", "softmax-kerple", "favor-kerple", "--skip-bench", "--scopes", "layer", "--tokens", "16",
         "--scaling-steps", "1", "--in-process", "--out", tmp_path / "sweep")

@@ -363,14 +363,17 @@ def test_kerple_paths_fits_both_factors_to_every_point_by_the_widest_margin(tmp_
     assert clash["consistent"] is False
     assert kerple_paths.fit_constraints([]) == {"fft": 1.0, "dft": 1.0, "margin": None, "consistent": True}
 
-    # From records: the constraints of each point, on its backend only; --fit-only prints each backend's fit.
-    def record(backend, tokens, **train_ms):
+    # From records: the constraints of each point, on its backend only and timed with XLA (a record without
+    # it constrains nothing); --fit-only prints each backend's fit.
+    def record(backend, tokens, xla=True, **train_ms):
         layer = {"num_features": 16, "width": 64, "heads": 4}
         point = {"patches": tokens - 1, "tokens": tokens, "grid": list(scaling.grid_for(tokens - 1)),
                  **{f"{path}_train_ms": ms for path, ms in train_ms.items()}}
-        return {"backend": backend, "shapes": {"cpu": {"layer": layer, "points": [point]}}}
+        return {"backend": backend, "xla": xla, "shapes": {"cpu": {"layer": layer, "points": [point]}}}
 
-    records = [record("jax", 4097, dense=3.0, fft=2.0, dft=1.0), record("tensorflow", 1025, dense=1.0, fft=9.0)]
+    records = [record("jax", 4097, dense=3.0, fft=2.0, dft=1.0), record("tensorflow", 1025, dense=1.0, fft=9.0),
+               record("tensorflow", 4097, xla=False, dense=3.0, dft=1.0)]
+    assert kerple_paths.fitted(records, "tensorflow") == [records[1]]
     costs = kerple_paths.toeplitz_costs(4097, (64, 64), 16, 16)
     assert sorted(kerple_paths.path_constraints(records, "jax")) == sorted(
         [("dft", "dense", log(costs["dense"] / costs["dft"])), ("dft", "fft", log(costs["fft"] / costs["dft"]))])
@@ -427,7 +430,7 @@ def test_kerple_paths_records_a_grid_out_of_memory_and_stops_the_shape(monkeypat
     class XlaRuntimeError(RuntimeError):  # as JAX raises it: only the message says what failed
         pass
 
-    def time_path(patches, path, kernel, config):
+    def time_path(patches, path, kernel, config, jit_compile):
         if patches == 64 and path == "fft":
             raise XlaRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 34936856704 bytes.\nmore")
         return {"forward": 1.0, "train": 2.0 if path == "dense" else 4.0}
@@ -454,8 +457,8 @@ def test_kerple_paths_times_the_three_paths_and_softmax_alternately_on_the_shape
 
     calls = []
 
-    def time_path(patches, path, kernel, config):
-        calls.append((patches, kernel, path))
+    def time_path(patches, path, kernel, config, jit_compile):
+        calls.append((patches, kernel, path, jit_compile))
         return {"forward": 1.0, "train": {"dense": 2.0, "fft": 3.0, "dft": 1.5}.get(path, 2.5)}
 
     monkeypatch.setattr(kerple_paths, "time_path", time_path)
@@ -463,9 +466,10 @@ def test_kerple_paths_times_the_three_paths_and_softmax_alternately_on_the_shape
     argv = ["--shapes", "cpu", "--tokens", "16", "64", "--rounds", "2", "--out", str(tmp_path)]
     assert kerple_paths.main(argv) == 0
     one_round = [("favor", "dense"), ("favor", "fft"), ("favor", "dft"), ("softmax", "auto")]
-    assert calls == [(patches, *subject) for patches in (16, 64) for _ in range(2) for subject in one_round]
+    # With XLA on both backends by default, as train.py trains.
+    assert calls == [(patches, *subject, True) for patches in (16, 64) for _ in range(2) for subject in one_round]
     record = json.loads(next(tmp_path.rglob("kerple_paths.json")).read_text())
-    assert list(record["shapes"]) == ["cpu"] and record["rounds"] == 2
+    assert list(record["shapes"]) == ["cpu"] and record["rounds"] == 2 and record["xla"] is True
     assert record["command"].endswith("python -m profiles.kerple_paths " + " ".join(argv))
     point = record["shapes"]["cpu"]["points"][0]
     assert [p["tokens"] for p in record["shapes"]["cpu"]["points"]] == [17, 65]
@@ -476,6 +480,14 @@ def test_kerple_paths_times_the_three_paths_and_softmax_alternately_on_the_shape
     assert capsys.readouterr().err.strip().endswith("Unknown shape 'huge'; expected one of ('cpu', 'reference')")
     assert kerple_paths.main(["--subjects", "fft", "flash"]) == 2 and not calls
     assert "Unknown subject 'flash'" in capsys.readouterr().err
+    # Without XLA: TensorFlow's passes as Keras compiles them on a CPU by default; JAX has no such passes.
+    if keras.backend.backend() == "tensorflow":
+        assert kerple_paths.main(argv[:-2] + ["--no-jit-compile", "--out", str(tmp_path / "plain")]) == 0
+        assert {call[-1] for call in calls} == {False}
+        assert json.loads(next((tmp_path / "plain").rglob("kerple_paths.json")).read_text())["xla"] is False
+    else:
+        assert kerple_paths.main(["--no-jit-compile"]) == 2 and not calls
+        assert capsys.readouterr().err.strip().endswith("--no-jit-compile: jax compiles every pass with XLA")
 
 
 def test_kerple_paths_times_only_the_subjects_asked_and_fits_nothing_without_the_dense_path(monkeypatch, tmp_path):
@@ -483,7 +495,7 @@ def test_kerple_paths_times_only_the_subjects_asked_and_fits_nothing_without_the
 
     calls = []
 
-    def time_path(patches, path, kernel, config):
+    def time_path(patches, path, kernel, config, jit_compile):
         calls.append((patches, path))
         return {"forward": 1.0, "train": {"fft": 3.0, "dft": 1.5}[path]}
 
