@@ -36,9 +36,10 @@ files from before the DFT path did not time it.
 
 `KernelAttention`'s factors are not one file's but `joint_factors` of
 every committed file of the backend timed with XLA (`fitted`), all
-machines' (`--fit-only` prints them): the FFT and DFT factors that make `"auto"` take the fastest path it
-timed at every point, by the widest margin (`fit_constraints`). Each file's
-own `fft_cost_factor` and `dft_cost_factor` stay in it as that run's fit.
+machines' (`--fit-only` prints them): the FFT and DFT factors that make
+`"auto"` take the fastest path it timed at every point, by the widest
+margin (`fit_constraints`). Each file's own `fft_cost_factor` and
+`dft_cost_factor` stay in it as that run's fit.
 
 TensorFlow's passes compile with XLA, as train.py trains (`--no-jit-compile`
 times them without, as every file did before 2026-12-07 evening); JAX's
