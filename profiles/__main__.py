@@ -9,6 +9,10 @@ Writes into <out>/<device>/<backend>/: bench/<variant>-<dataset>.json,
 scaling/<scope>-<series>.json, traces/, plots/, run.json and summary.md
 (see `profiles.report`). Each measurement runs in a child process under a
 time and a memory limit; failures are recorded and the run goes on.
+TensorFlow's passes compile with XLA, as train.py trains (`--no-jit-compile`:
+without, Keras' default on a CPU; JAX always compiles with XLA); every record
+says which (`xla`), and a folder holds one or the other, so that its summary
+never compares the two.
 The bench measures size reference at batch 32 at MNIST's resolution unless
 --size, --batch-size or --datasets say otherwise; --out is profiles/results.
 --width, --heads and --num-features shape the scaling sweep's models (by
@@ -33,6 +37,7 @@ OPTIONS = (
     "datasets", "size", "batch-size", "burn-in", "steps", "trace-steps", "tokens", "model-tokens", "scopes",
     "fused-softmax", "width", "heads", "num-features", "scaling-steps", "max-seconds", "time-limit",
     "bench-time-limit", "memory-limit-gb", "skip-bench", "skip-scaling", "resume", "in-process", "report-only", "out",
+    "jit-compile",
 )
 DEFAULTS = dict(datasets=[BENCH_DATASETS[0]], size=BENCH_SIZE, batch_size=BENCH_BATCH, tokens=list(DEFAULT_PATCHES),
                 scopes=list(SCOPES), out=DEFAULT_OUT)
@@ -107,23 +112,33 @@ def run(args, argv):
     # Imported after parsing so that --help and bad input answer without loading a backend.
     import keras
 
+    from experiments.training import keras_jit_compile
     from profiles import bench, report, scaling
 
+    backend = keras.backend.backend()
+    if args.jit_compile is False and backend != "tensorflow":
+        return fail(PROG, f"--no-jit-compile: {backend} compiles every pass with XLA")
+    xla = backend != "tensorflow" or bool(keras_jit_compile(args.jit_compile))
     command = command_line("profiles", argv)
     variants = args.variants
-    result_dir = args.out / bench.device_slug() / keras.backend.backend()
+    result_dir = args.out / bench.device_slug() / backend
     try:  # a results file damaged by hand or disk stops the command now, not after its measurements
         results = report.load_results(result_dir)
     except ValueError as error:
         return fail(PROG, f"{error}: mend it or remove it")
+    manifest, bench_records, scaling_records, _ = results
     if args.report_only:
-        manifest, bench_records, scaling_records, _ = results
         if not (manifest["runs"] or bench_records or scaling_records):
             # Else a mistyped --out, or another backend, gets a summary of nothing.
             return fail(PROG, f"{result_dir} holds no profile results to summarise; run {PROG} first "
                               "(the folder is per device and Keras backend)")
         print(report.write_summary(result_dir, results))
         return 0
+    other = next((record for record in bench_records + scaling_records if report.timed_with_xla(record) != xla), None)
+    if other:  # else one summary would compare timings of two engines
+        return fail(PROG, f"{result_dir} holds results timed {'with' if not xla else 'without'} XLA "
+                          f"({other.get('variant') or other['series']}); give another --out, or "
+                          f"{'add' if xla else 'leave out'} --no-jit-compile")
     if not args.skip_scaling:
         config = dict(scaling.SCALING_CONFIG)
         config.update({k: getattr(args, k) for k in ("width", "heads", "num_features") if getattr(args, k)})
@@ -139,7 +154,7 @@ def run(args, argv):
                                                              for k, v in vars(args).items()})
     report.append_run(result_dir, entry)
     limits = dict(isolate=not args.in_process, memory_limit_bytes=int(args.memory_limit_gb * 2**30))
-    print(f"profiles: {bench.device_name()}, backend {keras.backend.backend()} -> {result_dir}", flush=True)
+    print(f"profiles: {bench.device_name()}, backend {backend}{', XLA' if xla else ''} -> {result_dir}", flush=True)
 
     if not args.skip_bench:
         for dataset in args.datasets:
@@ -152,7 +167,8 @@ def run(args, argv):
                 trace_dir = result_dir / "traces" / name
                 record = bench.profile_variant(
                     variant, dataset, args.size, args.batch_size, args.burn_in, args.steps, args.trace_steps,
-                    trace_dir if args.trace_steps else None, time_limit_s=args.bench_time_limit, **limits)
+                    trace_dir if args.trace_steps else None, time_limit_s=args.bench_time_limit, jit_compile=xla,
+                    **limits)
                 if record.get("trace_dir"):
                     record["trace_dir"] = str(Path(record["trace_dir"]).relative_to(result_dir))
                 _write(path, record)
@@ -173,7 +189,8 @@ def run(args, argv):
                     continue
                 record = scaling.run_series(
                     scope, kernel, position, fused, patches, config=config, steps=args.scaling_steps, max_seconds=args.max_seconds,
-                    time_limit_s=args.time_limit, points_per_child=_points_per_child(), log=_log_point, **limits)
+                    time_limit_s=args.time_limit, points_per_child=_points_per_child(), log=_log_point, jit_compile=xla,
+                    **limits)
                 _write(path, record)
 
     entry["finished"] = datetime.datetime.now().isoformat(timespec="seconds")

@@ -59,7 +59,7 @@ def random_batch(image_shape, num_classes, batch_size, seed=0):
 
 
 def bench_variant(variant, dataset="mnist", size="reference", batch_size=32, burn_in=1, steps=3,
-                  trace_steps=2, trace_dir=None, seed=0, **overrides):
+                  trace_steps=2, trace_dir=None, seed=0, jit_compile="auto", **overrides):
     """Training step time, FLOPs, parameters, peak memory, trace and batch-1 latency.
 
     Args:
@@ -71,13 +71,16 @@ def bench_variant(variant, dataset="mnist", size="reference", batch_size=32, bur
         burn_in, steps: untimed steps after the compiling one, then timed steps.
         trace_steps: steps traced by the profiler into `trace_dir` (0 or
             trace_dir None: no trace).
+        jit_compile: `model.compile`'s ("auto": Keras' choice, XLA on JAX
+            only on a CPU); the batch-1 latency compiles as the step did.
 
     Returns: dict of plain numbers: train_step_ms (median), train_images_per_s,
     compile_seconds, params (trainable), train_flops_per_image (forward and
     backward, from the graph at batch 1), inference_flops_per_image,
     analytic_flops_per_image (forward, `analytic_model_flops`),
     peak_memory_bytes (building, compiling and training), memory_method,
-    latency_ms_batch1, trace_dir and top_operations.
+    latency_ms_batch1, trace_dir, top_operations and xla (whether the step
+    was compiled with XLA).
     """
     for name, value in (("batch_size", batch_size), ("steps", steps)):
         check_positive(name, value)
@@ -89,7 +92,8 @@ def bench_variant(variant, dataset="mnist", size="reference", batch_size=32, bur
 
     with PeakMemory() as memory:
         model = create_model(variant, image_shape, num_classes, size, **overrides)
-        model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="sparse_categorical_crossentropy")
+        model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="sparse_categorical_crossentropy",
+                      jit_compile=jit_compile)
         compile_seconds = _seconds(model.train_on_batch, images, labels)
         for _ in range(burn_in):
             model.train_on_batch(images, labels)
@@ -106,7 +110,7 @@ def bench_variant(variant, dataset="mnist", size="reference", batch_size=32, bur
         train_images_per_s=batch_size / step, compile_seconds=compile_seconds,
         params=int(sum(math.prod(w.shape) for w in model.trainable_weights)),
         peak_memory_bytes=memory.bytes, memory_method=memory.method,
-        toeplitz_path=toeplitz_path_of(model),
+        toeplitz_path=toeplitz_path_of(model), xla=bool(model.jit_compile),
     )
     progress("trace")
     result["trace_dir"], result["top_operations"] = None, []
@@ -119,14 +123,16 @@ def bench_variant(variant, dataset="mnist", size="reference", batch_size=32, bur
     result["inference_flops_per_image"] = count_flops(model, batch_size=1)
     result["analytic_flops_per_image"] = analytic_model_flops(image_shape, num_classes, attention, **config)
     progress("latency_batch1")
-    predict = compiled_predict(model)
+    predict = compiled_predict(model, result["xla"])
     result["latency_ms_batch1"] = measure_latency(predict, image_shape, "float32", 1, LATENCY_REPEATS[1])
     return result
 
 
 def bench_latency(variant, dataset="mnist", size="reference", batch_size=_LATENCY_BATCH, repeats=None,
-                  seed=0, **overrides):
+                  seed=0, jit_compile=False, **overrides):
     """Inference latency per image at `batch_size` and the peak memory of measuring it.
+
+    `jit_compile`: TensorFlow's forward pass with XLA (JAX's always is).
 
     Returns: dict with latency_ms_batch<batch_size>, inference_peak_memory_bytes
     and memory_method. `repeats` defaults to `latency.LATENCY_REPEATS`.
@@ -136,7 +142,7 @@ def bench_latency(variant, dataset="mnist", size="reference", batch_size=_LATENC
     repeats = repeats or LATENCY_REPEATS.get(batch_size, 5)
     with PeakMemory() as memory:
         model = create_model(variant, image_shape, num_classes, size, **overrides)
-        latency = measure_latency(compiled_predict(model), image_shape, "float32", batch_size, repeats)
+        latency = measure_latency(compiled_predict(model, jit_compile), image_shape, "float32", batch_size, repeats)
     return {f"latency_ms_batch{batch_size}": latency, "inference_peak_memory_bytes": memory.bytes,
             "memory_method": memory.method}
 
@@ -201,15 +207,19 @@ PHASES = {"train": bench_variant, "latency": bench_latency}
 
 def profile_variant(variant, dataset="mnist", size="reference", batch_size=32, burn_in=1, steps=3,
                     trace_steps=2, trace_dir=None, isolate=True, time_limit_s=900,
-                    memory_limit_bytes=DEFAULT_MEMORY_LIMIT, **overrides):
+                    memory_limit_bytes=DEFAULT_MEMORY_LIMIT, jit_compile=False, **overrides):
     """`bench_variant` and `bench_latency` (batch 256) of one variant, merged into one record.
+
+    `jit_compile`: TensorFlow's step and forward passes with XLA (JAX's
+    always are); the record says which (`xla`).
 
     With `isolate`, each runs in a child process under `time_limit_s` (per
     stage) and `memory_limit_bytes`; a stage that fails leaves its fields None
     and says why in `status` ({"train": "ok", "latency_batch256": "oom"})
     and `status_detail`. Returns the record (see `bench_variant`).
     """
-    common = dict(variant=variant, dataset=dataset, size=size, **overrides)
+    xla = keras.backend.backend() != "tensorflow" or jit_compile
+    common = dict(variant=variant, dataset=dataset, size=size, jit_compile=xla, **overrides)
     phases = {
         "train": dict(common, batch_size=batch_size, burn_in=burn_in, steps=steps, trace_steps=trace_steps,
                       trace_dir=None if trace_dir is None else str(trace_dir)),
@@ -239,7 +249,7 @@ def profile_variant(variant, dataset="mnist", size="reference", batch_size=32, b
             record.setdefault("memory_method", result["memory_method"])
     for key in BENCH_FIELDS:
         record.setdefault(key, None)
-    record.update(variant=variant, dataset=dataset, size=size, batch_size=batch_size,
+    record.update(variant=variant, dataset=dataset, size=size, batch_size=batch_size, xla=xla,
                   status=status, status_detail={k: v for k, v in detail.items() if v})
     return record
 
@@ -250,7 +260,7 @@ BENCH_FIELDS = (
     "train_step_ms", "train_images_per_s", "latency_ms_batch1", f"latency_ms_batch{_LATENCY_BATCH}",
     "train_flops_per_image", "inference_flops_per_image", "analytic_flops_per_image",
     "peak_memory_bytes", "inference_peak_memory_bytes", "trace_dir", "top_operations",
-    "device", "backend", "toeplitz_path",
+    "device", "backend", "toeplitz_path", "xla",
 )
 
 

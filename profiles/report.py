@@ -65,6 +65,31 @@ def append_run(result_dir, entry):
     atomic.write_json(path, manifest, sort_keys=False)
 
 
+def timed_with_xla(record):
+    """Whether a bench or scaling record was timed with XLA (`xla`).
+
+    Records from before the field were timed as Keras compiled by default on a
+    CPU: TensorFlow's without XLA, JAX's with.
+    """
+    return record.get("xla", record["backend"] != "tensorflow")
+
+
+def engine_text(records):
+    """The sentence of the summary that says how the records' passes were compiled ("" for no records)."""
+    if not records:
+        return ""
+    if records[0]["backend"] == "jax":
+        return "JAX compiles every pass with XLA."
+    with_xla = sum(map(timed_with_xla, records))
+    if with_xla == len(records):
+        return "TensorFlow's passes compiled with XLA, as train.py trains (`--jit-compile`, the default)."
+    if not with_xla:
+        return ("TensorFlow's passes compiled without XLA (Keras' default on a CPU, which this command took until "
+                "2026-12-07 and takes with `--no-jit-compile`; train.py trains with XLA).")
+    return (f"Mixed: {with_xla} of the {len(records)} records timed with XLA, the others without, so the tables "
+            "below compare two engines.")
+
+
 def series_key(record):
     """The kernel as plotted: 'softmax-fused' for fused softmax."""
     return f"{record['kernel']}-fused" if record.get("fused") else record["kernel"]
@@ -404,12 +429,13 @@ def summary_text(manifest, bench, scaling):
     # The date of the newest measurement, not of the writing: the summary is a function of its JSON files.
     finished = max((run["finished"] for run in manifest.get("runs", []) if run.get("finished")), default=None)
     measured = f", the newest measured on {finished[:10]}" if finished else ""
+    engine = engine_text(bench + scaling)
     lines = [
         f"# Cost profiles: {header.get('device', '?')}, Keras backend {header.get('backend', '?')}",
         "",
         f"Keras {header.get('keras_version', '?')}, {header.get('backend', '?')} "
         f"{header.get('backend_version', '?')}. Written by `profiles/report.py` (`python -m profiles "
-        f"--report-only`) from the JSON files beside it{measured}. Produced by:",
+        f"--report-only`) from the JSON files beside it{measured}. {engine}{' ' if engine else ''}Produced by:",
         "",
     ]
     for run in manifest.get("runs", []):

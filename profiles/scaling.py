@@ -8,7 +8,8 @@ CLS token more) in one of two scopes, at fixed width (`SCALING_CONFIG`):
     layer   one `KernelAttention` alone on (batch, N, width) inputs
     model   the whole ViT (patch size 4, so a 128x128 grid is a 512x512 image)
 
-and two modes, each compiled once (a `tf.function` or a `jax.jit`):
+and two modes, each compiled once (a `tf.function`, with XLA if `jit_compile`,
+or a `jax.jit`):
 
     forward  inference pass
     train    forward and backward pass: the gradient of a loss with respect
@@ -166,13 +167,13 @@ def time_calls(function, args, steps=3, max_seconds=20.0):
 
 
 def measure_point(scope, kernel, position, patches, mode, fused=False, config=SCALING_CONFIG, steps=3,
-                  max_seconds=20.0):
+                  max_seconds=20.0, jit_compile=False):
     """One (N, mode) point: time, peak memory and (forward) FLOPs. Raises on failure."""
     grid = grid_for(patches)
     with PeakMemory() as memory:
         model = build_subject(scope, kernel, position, grid, fused, config)
         inputs, labels = subject_inputs(scope, model, config)
-        forward, train = compiled_passes(model, scope)
+        forward, train = compiled_passes(model, scope, jit_compile)
         function, args = (forward, (inputs,)) if mode == "forward" else (train, (inputs, labels))
         timing = time_calls(function, args, steps, max_seconds)
     result = dict(status="ok", peak_bytes=memory.bytes, memory_method=memory.method,
@@ -220,7 +221,8 @@ def run_tasks(task, emit):
         emit({"event": "start", "patches": patches, "mode": mode})
         try:
             result = measure_point(task["scope"], task["kernel"], task["position"], patches, mode,
-                                   task.get("fused", False), task["config"], task["steps"], task["max_seconds"])
+                                   task.get("fused", False), task["config"], task["steps"], task["max_seconds"],
+                                   task.get("jit_compile", False))
         except Exception as err:  # recorded by the parent, which decides what to skip
             status, detail = failure(err)
             result = dict(status=status, detail=detail)
@@ -236,7 +238,7 @@ def run_tasks(task, emit):
 
 def run_series(scope, kernel, position, fused=False, patches=DEFAULT_PATCHES, modes=MODES, config=SCALING_CONFIG,
                steps=3, max_seconds=20.0, isolate=True, time_limit_s=120, memory_limit_bytes=DEFAULT_MEMORY_LIMIT,
-               points_per_child=None, log=None):
+               points_per_child=None, log=None, jit_compile=False):
     """One kernel x position over `patches`, each point in `modes`; returns the series record.
 
     With `isolate`, points run in child processes (`points_per_child` each,
@@ -244,6 +246,8 @@ def run_series(scope, kernel, position, fused=False, patches=DEFAULT_PATCHES, mo
     `time_limit_s` per point and `memory_limit_bytes`. A failed (N, mode) is
     recorded with its status; that mode is then "skipped" at every larger N,
     and after a failed forward pass so is the train pass at the same N.
+    `jit_compile`: TensorFlow's passes with XLA (JAX's always are); the
+    record says which (`xla`).
     """
     check_choice("scope", scope, SCOPES)
     for mode in modes:
@@ -263,7 +267,7 @@ def run_series(scope, kernel, position, fused=False, patches=DEFAULT_PATCHES, mo
                 results[(p, m)] = dict(status="skipped", detail=f"{mode} {result['status']} at {patches_} patches")
 
     task = dict(scope=scope, kernel=kernel, position=position, fused=fused, config=config, steps=steps,
-                max_seconds=max_seconds)
+                max_seconds=max_seconds, jit_compile=jit_compile)
     while True:
         pending = [[p, m] for (p, m), value in results.items() if value is None]
         if not pending:
@@ -290,7 +294,8 @@ def run_series(scope, kernel, position, fused=False, patches=DEFAULT_PATCHES, mo
     return dict(
         scope=scope, series=series_name(kernel, position, fused), kernel=kernel, position=position, fused=fused,
         config=config, steps=steps, max_seconds=max_seconds, time_limit_s=time_limit_s,
-        memory_limit_bytes=memory_limit_bytes, **bench.record_header(),
+        memory_limit_bytes=memory_limit_bytes, xla=keras.backend.backend() != "tensorflow" or jit_compile,
+        **bench.record_header(),
         points=[_point(p, {m: results[(p, m)] for m in modes}) for p in patches],
     )
 

@@ -43,7 +43,10 @@ def top_operations(trace_dir, count=3):
 
     JAX on a CPU leaves those statistics empty: its XLA operations run as
     thunks on the runtime's own threads, so they are ranked from the trace
-    events on those threads instead (`_xla_cpu_operations`).
+    events on those threads instead (`_xla_cpu_operations`). TensorFlow on
+    a CPU traces neither for a step compiled with XLA: its statistics hold the
+    whole step as one operation ("__inference_one_step_on_data"), and only a
+    step without XLA shows TensorFlow's own operations.
 
     Returns: list of {"operation", "type", "self_ms", "share"} (share of the
     traced busy self time), most expensive first; [] when there is no trace.

@@ -62,12 +62,22 @@ def test_bench_json_has_every_field_positive(profiled):
         assert record[field] > 0, field
     assert record["status"] == {"train": "ok", "latency_batch256": "ok"}
     assert record["backend"] == "tensorflow" and record["device"].startswith("cpu")
+    assert record["xla"] is True  # as train.py trains, unless --no-jit-compile
     # Training counts forward and backward: about three forward passes.
     assert 2 < record["train_flops_per_image"] / record["inference_flops_per_image"] < 4
     # The trace is where the record says, readable by TensorBoard's profile plugin.
     assert list((profiled / record["trace_dir"]).glob("plugins/profile/*/*.xplane.pb"))
-    assert len(record["top_operations"]) == 3
-    assert all(op["self_ms"] > 0 and 0 < op["share"] <= 1 for op in record["top_operations"])
+    # TensorFlow's profiler sees a step compiled with XLA as one operation on a CPU.
+    (step,) = record["top_operations"]
+    assert step["operation"] == "__inference_one_step_on_data" and step["self_ms"] > 0 and step["share"] == 1
+
+
+@pytest.mark.slow
+def test_a_bench_without_xla_ranks_tensorflow_s_own_operations(tmp_path):
+    record = bench.bench_variant("favor-absolute", size="tiny", batch_size=4, steps=1, trace_steps=1,
+                                 trace_dir=tmp_path, jit_compile=False)
+    assert record["xla"] is False and len(record["top_operations"]) == 3
+    assert all(op["self_ms"] > 0 and 0 < op["share"] < 1 for op in record["top_operations"])
 
 
 @pytest.mark.slow
@@ -147,7 +157,7 @@ def test_scaling_json_has_every_field_positive(profiled):
     for scope, tokens in (("layer", [257, 513]), ("model", [65, 129])):
         for series in ("softmax-absolute", "favor-absolute", "softmax-fused-absolute"):
             record = read(profiled / "scaling" / f"{scope}-{series}.json")
-            assert record["backend"] == "tensorflow" and record["fused"] == ("fused" in series)
+            assert record["backend"] == "tensorflow" and record["fused"] == ("fused" in series) and record["xla"] is True
             assert [p["tokens"] for p in record["points"]] == tokens
             for point in record["points"]:
                 for mode, fields in POINT_POSITIVE.items():
@@ -188,6 +198,59 @@ def test_report_only_reads_and_renders_each_record_once(tmp_path, monkeypatch):
     records = ["run.json"] + [p.name for folder in ("bench", "scaling") for p in sorted((committed / folder).glob("*.json"))]
     assert sorted(reads) == sorted(records) and len(renders) == 1
     assert (result_dir / "summary.md").read_text() == (committed / "summary.md").read_text()
+
+
+def test_a_folder_holds_timings_of_one_engine_and_its_summary_says_which(monkeypatch, tmp_path, capsys):
+    calls = []
+
+    def measure_point(scope, kernel, position, patches, mode, fused, config, steps, max_seconds, jit_compile):
+        calls.append(("scaling", jit_compile))
+        return dict(status="ok", ms=1.0, peak_bytes=1)
+
+    def profile_variant(variant, dataset, *args, jit_compile, **kwargs):
+        calls.append(("bench", jit_compile))
+        return {**dict.fromkeys(bench.BENCH_FIELDS), "variant": variant, "attention": "relu", "position": "absolute",
+                "dataset": dataset, "backend": keras.backend.backend(), "xla": jit_compile,
+                "status": {"train": "ok"}}
+
+    monkeypatch.setattr(scaling, "measure_point", measure_point)
+    monkeypatch.setattr(bench, "profile_variant", profile_variant)
+    argv = ["relu-absolute", "--scopes", "layer", "--tokens", "16", "--trace-steps", "0", "--in-process", *NARROW]
+    assert main(argv + ["--out", str(tmp_path)]) == 0
+    # With XLA on both backends by default, as train.py trains.
+    assert calls == [("bench", True), ("scaling", True), ("scaling", True)]
+    (result_dir,) = [p for p in tmp_path.glob("*/*") if p.is_dir()]
+    assert read(result_dir / "scaling" / "layer-relu-absolute.json")["xla"] is True
+    summary = (result_dir / "summary.md").read_text()
+    if keras.backend.backend() != "tensorflow":
+        assert "JAX compiles every pass with XLA." in summary
+        calls.clear()
+        assert main(argv + ["--no-jit-compile", "--out", str(tmp_path)]) == 2 and not calls
+        assert capsys.readouterr().err.strip().endswith("--no-jit-compile: jax compiles every pass with XLA")
+        return
+    assert "TensorFlow's passes compiled with XLA, as train.py trains" in summary
+    # Timings without XLA go to another folder, never beside these.
+    calls.clear()
+    assert main(argv + ["--no-jit-compile", "--out", str(tmp_path)]) == 2 and not calls
+    assert capsys.readouterr().err.strip().endswith(
+        "holds results timed with XLA (relu-absolute); give another --out, or leave out --no-jit-compile")
+    assert main(argv + ["--no-jit-compile", "--out", str(tmp_path / "plain")]) == 0
+    assert calls == [("bench", False), ("scaling", False), ("scaling", False)]
+    (plain,) = [p for p in (tmp_path / "plain").glob("*/*") if p.is_dir()]
+    assert read(plain / "scaling" / "layer-relu-absolute.json")["xla"] is False
+    assert "TensorFlow's passes compiled without XLA (Keras' default on a CPU" in (plain / "summary.md").read_text()
+    assert main(argv + ["--out", str(tmp_path / "plain")]) == 2
+    assert capsys.readouterr().err.strip().endswith("give another --out, or add --no-jit-compile")
+
+
+def test_the_summary_says_how_its_records_were_compiled_and_reads_records_from_before_the_field():
+    before = {"backend": "tensorflow"}  # TensorFlow's profiles were timed without XLA until the field came
+    assert report.timed_with_xla(before) is False and report.timed_with_xla({"backend": "jax"}) is True
+    assert report.engine_text([before]).startswith("TensorFlow's passes compiled without XLA")
+    assert report.engine_text([before, {"backend": "tensorflow", "xla": True}, {"backend": "tensorflow", "xla": True}]) == (
+        "Mixed: 2 of the 3 records timed with XLA, the others without, so the tables below compare two engines.")
+    assert report.engine_text([{"backend": "jax", "xla": True}]) == "JAX compiles every pass with XLA."
+    assert report.engine_text([]) == ""
 
 
 # === Child processes: limits are recorded, the sweep goes on ===
