@@ -508,8 +508,9 @@ def _findings(bench, scaling):
                 f"`{series}` {MODE_TITLE[mode]} {status} at N={_tokens(n)}" for status, series, n, mode in failures)
                 + ". Larger N of the same mode were not run.")
     if any(b.get("backend") == "tensorflow" and b.get("position") == "kerple" for b in bench + scaling):
-        facts.append("TensorFlow's profiler counts no FLOPs for FFT ops, so the graph FLOPs of kerple with a "
-                     "linear kernel leave its FFTs out (the analytic count leaves out every position's work).")
+        facts.append("TensorFlow's profiler counts no FLOPs for FFT ops, so the graph FLOPs of a linear kernel's "
+                     "kerple leave out the FFTs wherever it took the FFT path (the dense and DFT paths are matmuls "
+                     "it counts; the analytic count leaves out every position's work).")
     if not any(s.get("fused") for s in scaling) and scaling:
         facts.append("Fused softmax (`--fused-softmax`, `ops.dot_product_attention`) was not swept here; "
                      "crossovers are against the explicit softmax.")
