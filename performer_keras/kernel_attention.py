@@ -50,9 +50,10 @@ TOEPLITZ_PATHS = ("auto", "dense", "fft", "dft")
 # points timed without XLA: the DFT path lost to the dense path on a 32 x 32 grid at m = 16,
 # d = 16 and beat it on 64 x 128 and 128 x 128 grids at m = 64, d = 32 (the family-23 EPYC,
 # where the model of the time, factor included, counted it 2.1 and 1.4 times dearer). With
-# the dense term at 64, those points ask for about 460 or more, JAX's allow up to about 830;
-# 600 lies between. TensorFlow's points timed with XLA fit none without it either, and any
-# term from 400 to 900. Each factor
+# the dense term at 64, those points ask for about 80 or more, JAX's allow up to about 820
+# (460 and 830 before paths within 5% of each other's time counted as tied:
+# `profiles.kerple_paths.TIE`); 600 lies between. TensorFlow's points timed with XLA fit any
+# term up to 1,000. Each factor
 # (the FFT path's multiply-adds run that many times slower than the dense path's:
 # memory-bound transforms against compute-bound products) is fitted to every committed
 # profiles/results/**/<backend>/kerple_paths.json timed with XLA, as train.py trains on both

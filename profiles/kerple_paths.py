@@ -37,9 +37,10 @@ files from before the DFT path did not time it.
 `KernelAttention`'s factors are not one file's but `joint_factors` of
 every committed file of the backend timed with XLA (`fitted`), all
 machines' (`--fit-only` prints them): the FFT and DFT factors that make
-`"auto"` take the fastest path it timed at every point, by the widest
-margin (`fit_constraints`). Each file's own `fft_cost_factor` and
-`dft_cost_factor` stay in it as that run's fit.
+`"auto"` take the fastest path it timed at every point, or one within 5% of
+its time (`TIE`), by the widest margin (`fit_constraints`). Each file's own
+`fft_cost_factor` and `dft_cost_factor` stay in it as that run's fit (its
+own intervals order every pair of paths, ties included).
 
 TensorFlow's passes compile with XLA, as train.py trains (`--no-jit-compile`
 times them without, as every file did before 2026-12-07 evening); JAX's
@@ -197,9 +198,18 @@ def geometric_middle(low, high):
     return None if low is None or high is None else (low * high) ** 0.5
 
 
+# Paths whose training times at a point lie within this factor of the fastest's are tied there, and neither
+# the fit nor the check of `"auto"` asks one run to order them: the same grid and shape on two machines put the
+# dense and DFT paths 4% apart one way (family-23 EPYC) and 2% the other (family-25 model-17), which no factors
+# fit together, and runs of one command on one machine have differed by 10-20% (profiles/README.md). 5% is a
+# round number above both differences (2.2% would untangle them) and well below the runs' spread.
+TIE = 1.05
+
+
 def timed_paths(record):
-    """(shape, tokens, {path: its multiply-adds by `toeplitz_costs`}, the fastest path) at each timed point of a
-    record, over the paths the point timed (dense and FFT only in files from before the DFT path)."""
+    """(shape, tokens, {path: its multiply-adds by `toeplitz_costs`}, the fastest path, the paths `TIE`d with it) at
+    each timed point of a record, over the paths the point timed (dense and FFT only in files from before the DFT
+    path); the tied paths include the fastest."""
     for name, shape in record["shapes"].items():
         layer = shape["layer"]
         for point in timed(shape["points"]):
@@ -207,7 +217,8 @@ def timed_paths(record):
             costs = toeplitz_costs(point["tokens"], tuple(point["grid"]), layer["num_features"],
                                    layer["width"] // layer["heads"])
             fastest = min(paths, key=lambda path: point[f"{path}_train_ms"])
-            yield name, point["tokens"], {path: costs[path] for path in paths}, fastest
+            tied = {path for path in paths if point[f"{path}_train_ms"] <= TIE * point[f"{fastest}_train_ms"]}
+            yield name, point["tokens"], {path: costs[path] for path in paths}, fastest, tied
 
 
 def fitted(records, backend):
@@ -220,13 +231,14 @@ def fitted(records, backend):
 def path_constraints(records, backend):
     """[(faster, slower, log(slower's count / faster's count))] at every timed point of the `fitted` `records` of `backend`.
 
-    One for each path a point timed besides its fastest: `"auto"` takes the
-    fastest where its factor x count is the smaller, i.e. where
-    log f_faster - log f_slower < the third entry (the dense path's factor is 1).
+    One for each path a point timed that is not tied with its fastest
+    (`TIE`): `"auto"` takes the fastest where its factor x count is the
+    smaller, i.e. where log f_faster - log f_slower < the third entry (the
+    dense path's factor is 1); a path tied with the fastest asks nothing.
     """
     return [(fastest, path, math.log(costs[path] / costs[fastest]))
             for record in fitted(records, backend)
-            for _, _, costs, fastest in timed_paths(record) for path in costs if path != fastest]
+            for _, _, costs, fastest, tied in timed_paths(record) for path in costs if path not in tied]
 
 
 # The factors `joint_factors` may choose: a path 100 times cheaper or 10,000 times dearer a
@@ -297,10 +309,10 @@ def committed_records(root=None):
 
 def auto_mistakes(record):
     """(shape, tokens, auto's path, the fastest) at each point of a kerple_paths record where `"auto"`, with the
-    factors of the record's backend, would not take the fastest of the paths the point timed (`timed_paths`)."""
-    choices = ((name, tokens, auto_toeplitz_path(costs, record["backend"]), fastest)
-               for name, tokens, costs, fastest in timed_paths(record))
-    return [choice for choice in choices if choice[2] != choice[3]]
+    factors of the record's backend, would take none of the paths the point timed fastest or `TIE`d with it
+    (`timed_paths`)."""
+    return [(name, tokens, chosen, fastest) for name, tokens, costs, fastest, tied in timed_paths(record)
+            for chosen in [auto_toeplitz_path(costs, record["backend"])] if chosen not in tied]
 
 
 def dense_and_fft(rows):

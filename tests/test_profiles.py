@@ -401,6 +401,26 @@ def test_kerple_paths_rules_on_alternating_timings():
     assert kerple_paths.model_ratio(8192, config) == pytest.approx(16 * 17 * 128 * 256 * 15 / (8193**2 * (32 + 64)))
 
 
+def test_paths_within_the_tie_of_the_fastest_ask_nothing_of_the_fit_or_of_auto():
+    from profiles import kerple_paths
+
+    def record(dense, dft):  # the `cpu` heads at 1,025 tokens, where the dense path counts the fewer multiply-adds
+        point = {"tokens": 1025, "patches": 1024, "grid": [32, 32], "dense_train_ms": dense, "dft_train_ms": dft}
+        layer = {"num_features": 16, "width": 64, "heads": 4}
+        return {"backend": "tensorflow", "xla": True, "shapes": {"cpu": {"layer": layer, "points": [point]}}}
+
+    # The DFT path 2% faster: one run cannot order the two, so "auto"'s dense path is no mistake and the fit
+    # gets no bound from the point.
+    assert kerple_paths.TIE == 1.05
+    tied = record(dense=102.0, dft=100.0)
+    assert kerple_paths.auto_mistakes(tied) == [] and kerple_paths.path_constraints([tied], "tensorflow") == []
+    # 10% faster: a mistake of "auto" with today's factors, and a bound on the DFT factor.
+    apart = record(dense=110.0, dft=100.0)
+    assert kerple_paths.auto_mistakes(apart) == [("cpu", 1025, "dense", "dft")]
+    (constraint,) = kerple_paths.path_constraints([apart], "tensorflow")
+    assert constraint[:2] == ("dft", "dense")
+
+
 def test_kerple_paths_fits_both_factors_to_every_point_by_the_widest_margin(tmp_path, capsys):
     import math
 
