@@ -429,6 +429,18 @@ def keras_jit_compile(choice):
     return choice
 
 
+def passes_with_xla(choice):
+    """Whether a profile's own compiled passes use XLA for a `--[no-]jit-compile` choice (`keras_jit_compile`'s).
+
+    JAX compiles every pass with XLA, so --no-jit-compile there is a
+    ValueError (a usage error) rather than a setting that changes nothing.
+    """
+    backend = keras.backend.backend()
+    if choice is False and backend != "tensorflow":
+        raise ValueError(f"--no-jit-compile: {backend} compiles every pass with XLA")
+    return backend != "tensorflow" or bool(keras_jit_compile(choice))
+
+
 def check_model_builds(config, splits):
     """The run's model, built once before anything is written; RunError if its options cannot make one.
 

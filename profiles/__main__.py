@@ -112,13 +112,14 @@ def run(args, argv):
     # Imported after parsing so that --help and bad input answer without loading a backend.
     import keras
 
-    from experiments.training import keras_jit_compile
+    from experiments.training import passes_with_xla
     from profiles import bench, report, scaling
 
+    try:
+        xla = passes_with_xla(args.jit_compile)
+    except ValueError as error:
+        return fail(PROG, error)
     backend = keras.backend.backend()
-    if args.jit_compile is False and backend != "tensorflow":
-        return fail(PROG, f"--no-jit-compile: {backend} compiles every pass with XLA")
-    xla = backend != "tensorflow" or bool(keras_jit_compile(args.jit_compile))
     command = command_line("profiles", argv)
     variants = args.variants
     result_dir = args.out / bench.device_slug() / backend

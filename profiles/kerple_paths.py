@@ -69,7 +69,7 @@ import keras
 from scipy.optimize import linprog
 
 from experiments import atomic
-from experiments.training import keras_jit_compile
+from experiments.training import passes_with_xla
 from performer_keras.kernel_attention import auto_toeplitz_path, toeplitz_costs
 from performer_keras.options import check_choice
 from profiles import bench
@@ -349,10 +349,8 @@ def main(argv=None):
         print(json.dumps({backend: joint_factors(records, backend)
                           for backend in sorted({record["backend"] for record in records})}))
         return 0
-    if args.jit_compile is False and keras.backend.backend() != "tensorflow":
-        return fail(prog, f"--no-jit-compile: {keras.backend.backend()} compiles every pass with XLA")
-    xla = keras.backend.backend() != "tensorflow" or bool(keras_jit_compile(args.jit_compile))
     try:
+        xla = passes_with_xla(args.jit_compile)
         names = [check_choice("shape", name, SHAPES) for name in args.shapes or SHAPES]
         subjects = {check_choice("subject", name, SUBJECTS): SUBJECTS[name] for name in args.subjects or SUBJECTS}
     except ValueError as error:
