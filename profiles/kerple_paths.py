@@ -91,36 +91,41 @@ SHAPES = {
 
 
 def time_path(patches, path, kernel, config, jit_compile=False):
-    """{mode: median ms} of one layer at `patches` patches (plus CLS) through `path` (TensorFlow's with XLA if `jit_compile`)."""
+    """{mode: (median ms, cold)} of one layer at `patches` patches (plus CLS) through `path` (TensorFlow's with XLA if
+    `jit_compile`); cold where the first call, compilation included, was the measurement (`time_calls`)."""
     model = build_subject("layer", kernel, "kerple", grid_for(patches), config=config, toeplitz_path=path)
     inputs, labels = subject_inputs("layer", model, config)
     forward, train = compiled_passes(model, "layer", jit_compile)
     # `time_calls`' limit of 20 s: a first call above it is the measurement, compilation included,
     # and XLA takes seconds to compile a layer: with 5 s, a first run of TensorFlow with XLA timed
     # compilation into its steps of a few seconds, several times a warm step.
-    return {
-        "forward": time_calls(forward, (inputs,), steps=3)["ms"],
-        "train": time_calls(train, (inputs, labels), steps=3)["ms"],
-    }
+    timings = {"forward": time_calls(forward, (inputs,), steps=3), "train": time_calls(train, (inputs, labels), steps=3)}
+    return {mode: (timing["ms"], timing["cold"]) for mode, timing in timings.items()}
 
 
 def measure(config, patches=PATCHES, rounds=ROUNDS, subjects=SUBJECTS, log=print, jit_compile=False):
     """One row per grid: the median ms of each subject (`SUBJECTS`) and mode over `rounds` alternating rounds
     (TensorFlow's passes with XLA if `jit_compile`).
 
-    A subject that runs out of memory ends the shape with a row that says so
-    (`out_of_memory`: the subject and the backend's first line) and no timings.
+    A row's `cold` names each `{subject}_{mode}` that a compiling first call
+    timed in some round (`time_calls`: one over 20 s is the measurement); the
+    log marks such times with `*`. A subject that runs out of memory ends the
+    shape with a row that says so (`out_of_memory`: the subject and the
+    backend's first line) and no timings.
     The model and timing ratios against the dense path need it among `subjects`.
     """
     rows = []
     for count in patches:
         row = {"patches": count, "tokens": count + 1, "grid": list(grid_for(count))}
         samples = {(name, mode): [] for name in subjects for mode in MODES}
+        cold = set()
         try:
             for _ in range(rounds):
                 for name, (kernel, path) in subjects.items():
-                    for mode, ms in time_path(count, path, kernel, config, jit_compile).items():
+                    for mode, (ms, first_call) in time_path(count, path, kernel, config, jit_compile).items():
                         samples[(name, mode)].append(ms)
+                        if first_call:
+                            cold.add(f"{name}_{mode}")
                     keras.backend.clear_session()
         except Exception as error:
             if failure(error)[0] != "oom":  # an allocation the backend refused; anything else is a bug
@@ -130,11 +135,13 @@ def measure(config, patches=PATCHES, rounds=ROUNDS, subjects=SUBJECTS, log=print
             log(f"N={row['tokens']}: {name} out of memory ({message})")
             break
         row.update({f"{name}_{mode}_ms": statistics.median(values) for (name, mode), values in samples.items()})
+        row["cold"] = sorted(cold)
         for path in ("fft", "dft"):
             if "dense" in subjects and path in subjects:
                 row[f"{path}_over_dense_train"] = row[f"{path}_train_ms"] / row["dense_train_ms"]
                 row[f"{path}_over_dense_model"] = model_ratio(count, config, path)
-        log(f"N={row['tokens']}: train " + ", ".join(f"{name} {row[f'{name}_train_ms']:.2f} ms" for name in subjects))
+        log(f"N={row['tokens']}: train " + ", ".join(
+            f"{name} {row[f'{name}_train_ms']:.2f} ms" + ("*" if f"{name}_train" in cold else "") for name in subjects))
         rows.append(row)
         if len(rows) >= 2 and all(r.get("fft_over_dense_train", 1.0) < 1 for r in rows[-2:]):
             break

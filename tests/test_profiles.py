@@ -516,7 +516,7 @@ def test_kerple_paths_records_a_grid_out_of_memory_and_stops_the_shape(monkeypat
     def time_path(patches, path, kernel, config, jit_compile):
         if patches == 64 and path == "fft":
             raise XlaRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 34936856704 bytes.\nmore")
-        return {"forward": 1.0, "train": 2.0 if path == "dense" else 4.0}
+        return {"forward": (1.0, False), "train": (2.0 if path == "dense" else 4.0, False)}
 
     monkeypatch.setattr(kerple_paths, "time_path", time_path)
     monkeypatch.setattr(kerple_paths.keras.backend, "clear_session", lambda: None)
@@ -542,7 +542,9 @@ def test_kerple_paths_times_the_three_paths_and_softmax_alternately_on_the_shape
 
     def time_path(patches, path, kernel, config, jit_compile):
         calls.append((patches, kernel, path, jit_compile))
-        return {"forward": 1.0, "train": {"dense": 2.0, "fft": 3.0, "dft": 1.5}.get(path, 2.5)}
+        # At the larger grid softmax's training step is timed by its compiling first call (`time_calls`' cold).
+        return {"forward": (1.0, False),
+                "train": ({"dense": 2.0, "fft": 3.0, "dft": 1.5}.get(path, 2.5), patches == 64 and kernel == "softmax")}
 
     monkeypatch.setattr(kerple_paths, "time_path", time_path)
     monkeypatch.setattr(kerple_paths.keras.backend, "clear_session", lambda: None)
@@ -557,6 +559,10 @@ def test_kerple_paths_times_the_three_paths_and_softmax_alternately_on_the_shape
     point = record["shapes"]["cpu"]["points"][0]
     assert [p["tokens"] for p in record["shapes"]["cpu"]["points"]] == [17, 65]
     assert (point["dense_train_ms"], point["fft_train_ms"], point["dft_train_ms"], point["softmax_train_ms"]) == (2.0, 3.0, 1.5, 2.5)
+    # Which times a compiling first call made, in the row and marked in the log.
+    assert [p["cold"] for p in record["shapes"]["cpu"]["points"]] == [[], ["softmax_train"]]
+    log = capsys.readouterr().out.splitlines()
+    assert log[0].endswith("softmax 2.50 ms") and log[1].endswith("softmax 2.50 ms*")
     # An unknown shape or subject is a usage error, in one line, before anything is timed.
     calls.clear()
     assert kerple_paths.main(["--shapes", "huge"]) == 2 and not calls
@@ -580,7 +586,7 @@ def test_kerple_paths_times_only_the_subjects_asked_and_fits_nothing_without_the
 
     def time_path(patches, path, kernel, config, jit_compile):
         calls.append((patches, path))
-        return {"forward": 1.0, "train": {"fft": 3.0, "dft": 1.5}[path]}
+        return {"forward": (1.0, False), "train": ({"fft": 3.0, "dft": 1.5}[path], False)}
 
     monkeypatch.setattr(kerple_paths, "time_path", time_path)
     monkeypatch.setattr(kerple_paths.keras.backend, "clear_session", lambda: None)
